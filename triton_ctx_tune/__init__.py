@@ -1,0 +1,14 @@
+"""triton_ctx_tune: a torch.distributed-native contextual autotuner for Triton."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .errors import (CollectiveTimeoutError, CtxTuneError, EmptyConfigSpaceError, InvalidOptionError,  # noqa: E402
+                     NoValidConfigError, RankMismatchError)
+from .patch import autotuner_patch  # noqa: E402
+from .session import CallStats  # noqa: E402
+from .tuner import ContextualAutotuner, contextual_autotune  # noqa: E402
+
+__all__ = ["contextual_autotune", "ContextualAutotuner", "autotuner_patch", "CallStats", "CtxTuneError",
+           "InvalidOptionError", "EmptyConfigSpaceError", "NoValidConfigError", "RankMismatchError",
+           "CollectiveTimeoutError", "__version__"]

@@ -1,0 +1,82 @@
+"""The tuner's own collectives, each bounded in time.
+
+Every helper is a no-op (it returns what a one-rank group would) when is_dist=False or
+torch.distributed is not initialized, so the single-process path has no special cases.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from .errors import CollectiveTimeoutError
+
+
+def _dist() -> Any:
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+class Collectives:
+    def __init__(self, is_dist: bool, group: Any = None, timeout_s: float = 300.0) -> None:
+        self.dist = _dist() if is_dist else None
+        self.group = group
+        self.timeout_s = timeout_s
+        if self.dist is None:
+            self.rank, self.world, self.global_rank = 0, 1, 0
+            self.device = torch.device("cpu")
+            return
+        d = self.dist
+        self.rank = d.get_rank(group)
+        self.world = d.get_world_size(group)
+        self.global_rank = d.get_rank()
+        self.root = d.get_global_rank(group, 0) if group is not None else 0
+        backend = str(d.get_backend(group)).lower()
+        # NCCL only moves CUDA tensors; gloo (and a "cpu:gloo,cuda:nccl" pair) takes CPU ones.
+        use_cuda = "nccl" in backend and "gloo" not in backend
+        self.device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+
+    @property
+    def active(self) -> bool:
+        return self.dist is not None and self.world > 1
+
+    def _wait(self, work: Any, what: str) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        pause = 1e-5
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                raise CollectiveTimeoutError(what, self.timeout_s, self.global_rank, self.world)
+            time.sleep(pause)
+            pause = min(pause * 2, 5e-3)
+        work.wait()
+
+    def all_gather(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
+        """Stack every rank's tensor (same shape and dtype everywhere): result[r] is rank r's."""
+        if not self.active:
+            return tensor.unsqueeze(0).clone()
+        t = tensor.to(self.device).contiguous()
+        out = [torch.empty_like(t) for _ in range(self.world)]
+        self._wait(self.dist.all_gather(out, t, group=self.group, async_op=True), what)
+        return torch.stack(out).cpu()
+
+    def broadcast_from_root(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
+        """The group's rank 0 value, on every rank."""
+        if not self.active:
+            return tensor.clone()
+        t = tensor.to(self.device).contiguous()
+        self._wait(self.dist.broadcast(t, src=self.root, group=self.group, async_op=True), what)
+        return t.cpu()
+
+    def all_gather_bytes(self, data: bytes, what: str) -> list[bytes]:
+        """Every rank's byte string, in rank order (lengths may differ)."""
+        if not self.active:
+            return [data]
+        sizes = self.all_gather(torch.tensor([len(data)], dtype=torch.int64), what + " (sizes)")
+        longest = int(sizes.max())
+        buf = torch.zeros(max(longest, 1), dtype=torch.uint8)
+        if data:
+            buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        rows = self.all_gather(buf, what)
+        return [bytes(rows[r, : int(sizes[r, 0])].tolist()) for r in range(self.world)]

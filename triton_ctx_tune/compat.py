@@ -1,0 +1,155 @@
+"""Everything that depends on the Triton version lives here (supported: triton 3.4 to 3.9).
+
+The rest of the package talks to Triton's Autotuner only through these functions, so a new
+Triton release means reading its runtime/autotuner.py and touching this file alone.
+"""
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Any, Callable, Sequence
+
+import triton
+from triton.compiler.errors import CompilationError, CompileTimeAssertionFailure
+from triton.runtime.autotuner import Autotuner, Config
+from triton.runtime.errors import InterpreterError, OutOfResources, PTXASError
+
+__all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "interpret_mode", "tuning_key",
+           "prune_configs", "launch_config", "config_failure_reason", "kernel_name", "kernel_source",
+           "config_to_dict", "config_str", "print_autotuning", "notify_listener"]
+
+TRITON_VERSION: str = triton.__version__
+SUPPORTED = ((3, 4), (3, 9))
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    parts = version.split("+")[0].split(".")
+    return int(parts[0]), int(parts[1])
+
+
+if not SUPPORTED[0] <= _version_tuple(TRITON_VERSION) <= SUPPORTED[1]:
+    import warnings
+
+    warnings.warn(f"triton_ctx_tune supports triton 3.4 to 3.9; found {TRITON_VERSION}. "
+                  "It may work, but nothing has been tested on this version.", stacklevel=2)
+
+# What Triton's own _bench treats as "this config cannot run here", plus compile errors,
+# which the issue of one bad config must not turn into a failure of the whole function.
+_FAILURES = (OutOfResources, PTXASError, CompilationError, CompileTimeAssertionFailure)
+
+
+def interpret_mode() -> bool:
+    """True under TRITON_INTERPRET=1, where kernels run synchronously on the host."""
+    try:
+        return bool(triton.knobs.runtime.interpret)
+    except AttributeError:  # knobs appeared in 3.4; keep the env var as the fallback
+        return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _named_args(at: Autotuner, args: Sequence[Any]) -> dict[str, Any]:
+    return dict(zip(at.arg_names, args))
+
+
+def tuning_key(at: Autotuner, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple:
+    """The key Triton's Autotuner.run uses for `cache`, byte for byte, so later plain launches hit it."""
+    all_args = {**_named_args(at, args), **kwargs}
+    named = {k: v for k, v in all_args.items() if k in at.arg_names}
+    key: list[Any] = [named[k] for k in at.keys if k in named]
+    key.extend(str(v.dtype) for v in named.values() if hasattr(v, "dtype"))
+    return tuple(key)
+
+
+def prune_configs(at: Autotuner, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Config]:
+    """Run the autotuner's own prune_configs_by (early_config_prune, perf_model/top_k)."""
+    at.nargs = _named_args(at, args)  # prune_configs and perf_model read self.nargs
+    try:
+        return list(at.prune_configs(kwargs))
+    finally:
+        at.nargs = None
+
+
+def launch_config(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """One launch as Triton's _bench times it: config.pre_hook, pre_hook, run, post_hook."""
+    conflicts = kwargs.keys() & config.kwargs.keys()
+    if conflicts:
+        raise ValueError(f"Conflicting meta-parameters: {', '.join(sorted(conflicts))}. "
+                         "Make sure that you don't re-define auto-tuned symbols.")
+    current = dict(kwargs, **config.all_kwargs())
+    full_nargs = {**_named_args(at, args), **current}
+    if config.pre_hook:
+        config.pre_hook(full_nargs)
+    at.pre_hook(full_nargs)
+    try:
+        ret = at.fn.run(*args, **current)
+    except Exception as e:
+        at.post_hook(full_nargs, exception=e)
+        raise
+    at.post_hook(full_nargs, exception=None)
+    return ret
+
+
+def _is_interpreted_static_assert(exc: BaseException) -> bool:
+    # The interpreter turns tl.static_assert into a Python assert and wraps it in
+    # InterpreterError; on a GPU the same line raises CompileTimeAssertionFailure.
+    cause = exc.__cause__
+    if not isinstance(exc, InterpreterError) or not isinstance(cause, AssertionError):
+        return False
+    frames = traceback.extract_tb(cause.__traceback__)
+    return bool(frames) and frames[-1].name == "_new_static_assert"
+
+
+def config_failure_reason(exc: BaseException) -> str | None:
+    """A one-line reason if `exc` means "this config cannot run", else None (a real error)."""
+    if isinstance(exc, _FAILURES) or _is_interpreted_static_assert(exc):
+        text = " ".join(str(exc).split())
+        return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+    return None
+
+
+def kernel_name(at: Autotuner) -> str:
+    return at.base_fn.__name__
+
+
+def kernel_source(at: Autotuner) -> str:
+    """Source text of the innermost Python function; the cache hashes it."""
+    import inspect
+
+    try:
+        return inspect.getsource(at.base_fn)
+    except (OSError, TypeError):
+        return at.base_fn.__qualname__
+
+
+def config_to_dict(config: Config) -> dict[str, Any]:
+    """A JSON-able description of a config (pre_hook excluded: it cannot be stored)."""
+    return {"kwargs": dict(config.kwargs), **{k: v for k, v in config.all_kwargs().items() if k not in config.kwargs}}
+
+
+def config_str(config: Config) -> str:
+    """Short, stable text for logs: the tunables, then compile options that differ from defaults."""
+    parts = [f"{k}={v}" for k, v in config.kwargs.items()]
+    parts += [f"num_warps={config.num_warps}", f"num_stages={config.num_stages}"]
+    extra = {k: v for k, v in config.all_kwargs().items() if k not in config.kwargs
+             and k not in ("num_warps", "num_stages") and v is not None and not (k == "num_ctas" and v == 1)}
+    parts += [f"{k}={v}" for k, v in extra.items()]
+    return ", ".join(parts)
+
+
+def print_autotuning() -> bool:
+    """TRITON_PRINT_AUTOTUNING=1, read the way this Triton reads it."""
+    try:
+        return bool(triton.knobs.autotuning.print)
+    except AttributeError:
+        return os.environ.get("TRITON_PRINT_AUTOTUNING", "0") == "1"
+
+
+def notify_listener(at: Autotuner, key: tuple, best: Config, timings: dict, duration: float) -> None:
+    """Triton >= 3.5 lets tools subscribe to tuning results; tell them like Triton would."""
+    listener: Callable[..., None] | None = getattr(getattr(triton, "knobs", None), "autotuning", None)
+    listener = getattr(listener, "listener", None)
+    if listener is None:
+        return
+    fn = at.fn
+    while hasattr(fn, "fn") and not isinstance(fn, triton.runtime.jit.JITFunction):
+        fn = fn.fn
+    listener(fn=fn, key=key, best_config=best, configs_timings=timings, duration=duration, cache_hit=False)

@@ -1,0 +1,66 @@
+"""Error classes. Each message says what went wrong and how to fix it."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+
+class CtxTuneError(RuntimeError):
+    """Base class of every error raised by triton_ctx_tune."""
+
+
+class InvalidOptionError(CtxTuneError, ValueError):
+    """An argument or environment variable has a value the tuner cannot use."""
+
+    def __init__(self, name: str, value: object, expected: str) -> None:
+        super().__init__(f"{name}={value!r} is not valid: expected {expected}.")
+        self.name = name
+        self.value = value
+
+
+class EmptyConfigSpaceError(CtxTuneError):
+    """Pruning left no config to tune."""
+
+    def __init__(self, kernel: str, key: object) -> None:
+        super().__init__(
+            f"kernel {kernel}, key {key!r}: no config is left after prune_configs_by. "
+            "Make early_config_prune return at least one config, or raise perf_model's top_k.")
+        self.kernel = kernel
+        self.key = key
+
+
+class NoValidConfigError(CtxTuneError):
+    """Every config of one (kernel, key) failed, on this rank or on another one."""
+
+    def __init__(self, kernel: str, key: object, failures: Mapping[str, Sequence[str]]) -> None:
+        lines = [f"kernel {kernel}, key {key!r}: every config failed, so there is nothing to choose."]
+        for config, reasons in failures.items():
+            lines.append(f"  config {{{config}}}: " + "; ".join(reasons))
+        lines.append("Fix: add configs that fit this GPU (smaller blocks, fewer stages), "
+                     "or prune the ones that cannot compile with prune_configs_by.")
+        super().__init__("\n".join(lines))
+        self.kernel = kernel
+        self.key = key
+        self.failures = dict(failures)
+
+
+class RankMismatchError(CtxTuneError):
+    """Ranks are about to tune different things, which would deadlock or diverge."""
+
+    def __init__(self, details: str) -> None:
+        super().__init__(
+            "ranks disagree on what to tune:\n" + details +
+            "\nFix: every rank of the group must call the tuned function with the same shapes, dtypes and "
+            "config spaces; tune rank-dependent shapes with is_dist=False or a group of the ranks that match.")
+
+
+class CollectiveTimeoutError(CtxTuneError):
+    """A collective of the tuner did not complete in time."""
+
+    def __init__(self, what: str, timeout_s: float, rank: int, world: int) -> None:
+        super().__init__(
+            f"rank {rank} of {world}: the tuner's collective '{what}' did not complete within {timeout_s:g} s. "
+            "Another rank has died, raised, or is not tuning the same function (for instance, it found the keys "
+            "already cached because it tuned the kernel outside a contextual_autotune call). "
+            "Fix that rank, or raise the limit with timeout_s= or TRITON_CTX_TUNE_TIMEOUT.")
+        self.what = what
+        self.timeout_s = timeout_s

@@ -1,0 +1,285 @@
+"""One tuning call: the states it meets, what each launch runs, and the decision at each step's end.
+
+A step is one execution of the tuned function. During a step every launch of a (kernel, key)
+that is still being tuned takes that key's next slot. At the end of the step, ranks check that
+they agree on what they tune, and the keys whose slots ran out are decided together: their
+timings are gathered from every rank, reduced, and the group's rank 0 broadcasts the winners.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .collectives import Collectives
+from .compat import (Autotuner, config_failure_reason, config_str, kernel_name, launch_config, notify_listener,
+                     prune_configs, tuning_key)
+from .errors import CtxTuneError, EmptyConfigSpaceError, NoValidConfigError, RankMismatchError
+from .logs import RankLog, fmt_ms
+from .options import TuneOptions
+from .patch import current_handler, original_run
+from .state import KeyState, Slot, SlotRecord, pick_winner
+from .timing import make_timer
+
+
+@dataclass
+class TunedKey:
+    kernel: str
+    key: tuple
+    config: str
+    ms: float
+    configs: int
+    failed: int
+
+
+@dataclass
+class CallStats:
+    """What the last call of a tuned function did (also written to the logs)."""
+    function: str
+    executions: int = 0
+    wall_s: float = 0.0
+    tuned: list[TunedKey] = field(default_factory=list)
+
+
+class Session:
+    def __init__(self, function: str, opts: TuneOptions) -> None:
+        self.function = function
+        self.opts = opts
+        self.comm = Collectives(opts.is_dist, opts.group, opts.resolved_timeout())
+        self.timer = make_timer(opts.flush_l2)
+        self.log = RankLog(opts.resolved_log_dir(), self.comm.global_rank, opts.resolved_quiet())
+        self.states: dict[tuple[int, tuple], KeyState] = {}
+        self.new_states: list[KeyState] = []
+        self.tuning_launches = 0
+        self.stats = CallStats(function)
+        self._started = time.perf_counter()
+        self._token: Any = None
+        self._logged_header = False
+
+    def __enter__(self) -> Session:
+        self._token = current_handler.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        current_handler.reset(self._token)
+        self.stats.wall_s = time.perf_counter() - self._started
+        if self._logged_header:
+            self.log.write("end", f"=== {self.function}: {self.stats.executions} executions, "
+                           f"{self.stats.wall_s:.3f} s, {len(self.stats.tuned)} keys tuned"
+                           + ("" if exc[0] is None else f", stopped by {exc[0].__name__}"),
+                           function=self.function, executions=self.stats.executions, wall_s=self.stats.wall_s,
+                           error=None if exc[0] is None else repr(exc[1]))
+        self.log.close()
+
+    # ---- launches (called by the patched Autotuner.run) -------------------------------------
+
+    def launch(self, at: Autotuner, args: tuple, kwargs: dict[str, Any]) -> Any:
+        run = original_run()
+        if kwargs.get("warmup") or len(at.configs) <= 1:
+            return run(at, *args, **kwargs)  # compile-only launches and fixed kernels are not tuned
+        key = tuning_key(at, args, kwargs)
+        state = self.states.get((id(at), key))
+        if state is None:
+            if key in at.cache:
+                return run(at, *args, **kwargs)
+            configs = prune_configs(at, args, kwargs)
+            if not configs:
+                raise EmptyConfigSpaceError(kernel_name(at), key)
+            if len(configs) == 1:
+                at.cache[key] = configs[0]  # as Triton does: one config needs no measuring
+                return run(at, *args, **kwargs)
+            state = self._new_state(at, key, configs)
+        if state.decided:
+            return run(at, *args, **kwargs)
+        self.tuning_launches += 1
+        return self._run_slot(state, args, kwargs)
+
+    def _new_state(self, at: Autotuner, key: tuple, configs: list) -> KeyState:
+        if not self._logged_header:
+            self._logged_header = True
+            device = torch.cuda.get_device_name() if self.timer.kind == "cuda-events" else "cpu"
+            self.log.header(self.function, self.comm.world, device, self.timer.kind)
+        state = KeyState(at, key, configs, self.opts.n_warmup, self.opts.n_repeat, kernel_name(at),
+                         self.stats.executions)
+        self.states[(id(at), key)] = state
+        self.new_states.append(state)
+        return state
+
+    def _run_slot(self, state: KeyState, args: tuple, kwargs: dict[str, Any]) -> Any:
+        slot = state.take_slot()
+        record = SlotRecord(slot, None)
+        state.records.append(record)
+        if slot is not None and slot.config in state.failures:
+            record.failure = "skipped: this config failed in an earlier slot"
+        elif slot is not None:
+            token = self.timer.start(flush=True) if slot.timed else None
+            try:
+                ret = launch_config(state.autotuner, state.configs[slot.config], args, kwargs)
+            except Exception as e:
+                reason = config_failure_reason(e)
+                if reason is None:
+                    raise
+                state.fail(slot.config, reason)
+                record.failure = reason
+            else:
+                state.works.add(slot.config)
+                record.ran = slot.config
+                if token is not None:
+                    record.sample = self.timer.stop(token)
+                    state.samples[slot.config].append(record.sample)
+                return ret
+        return self._fallback(state, record, args, kwargs)
+
+    def _fallback(self, state: KeyState, record: SlotRecord, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """Keep the function running with a config known to work here; skip the launch if none is."""
+        while (index := state.fallback()) is not None:
+            try:
+                ret = launch_config(state.autotuner, state.configs[index], args, kwargs)
+            except Exception as e:
+                reason = config_failure_reason(e)
+                if reason is None:
+                    raise
+                state.fail(index, reason)
+                continue
+            record.ran = index
+            return ret
+        return None
+
+    # ---- steps --------------------------------------------------------------------------------
+
+    def begin_step(self) -> None:
+        self.tuning_launches = 0
+        self.new_states = []
+
+    def end_step(self) -> bool:
+        """Close one execution; True when it ran every kernel with its final config."""
+        self.stats.executions += 1
+        pending = [s for s in self.states.values() if not s.decided]
+        if self.tuning_launches == 0:
+            if pending:
+                s = pending[0]
+                raise CtxTuneError(
+                    f"kernel {s.kernel} key {s.key!r} was launched in an earlier execution of {self.function} "
+                    "but not in the last one, so its tuning cannot finish. A tuned function must launch the "
+                    "same kernels with the same keys every time it runs within one call; move data-dependent "
+                    "launches out of it.")
+            return True
+        if self.stats.executions >= self.opts.max_executions:
+            raise CtxTuneError(
+                f"{self.function} ran {self.stats.executions} times without finishing its tuning "
+                f"(max_executions={self.opts.max_executions}); it probably launches new keys on every "
+                "execution (a shape that changes each time). Make its shapes fixed within one call.")
+        finishing = [s for s in pending if s.exhausted]
+        self._check_agreement(finishing)
+        self.timer.sync()
+        self._log_slots()
+        if finishing:
+            self._decide(finishing)
+        return False
+
+    def _check_agreement(self, finishing: list[KeyState]) -> None:
+        if not self.comm.active:
+            return
+        mine = {"new": [s.describe() for s in self.new_states], "launches": self.tuning_launches,
+                "finishing": [s.describe() for s in finishing]}
+        blob = json.dumps(mine, sort_keys=True).encode()
+        digest = hashlib.sha256(blob).digest()[:16]
+        row = torch.frombuffer(bytearray(digest), dtype=torch.int64)
+        rows = self.comm.all_gather(row, "agree on what to tune")
+        if bool((rows == rows[0]).all()):
+            return
+        everyone = [json.loads(b) for b in self.comm.all_gather_bytes(blob, "describe the disagreement")]
+        raise RankMismatchError(_describe_mismatch(everyone))
+
+    def _log_slots(self) -> None:
+        for state in self.states.values():
+            for r in state.records:
+                r.ms = r.sample() if r.sample is not None else None
+                slot = r.slot or Slot(-1, -1, False)
+                what = ("after schedule" if r.slot is None else
+                        f"config#{slot.config} iter={slot.iteration} {'timed' if slot.timed else 'warmup'}")
+                ran = "" if r.ran in (None, slot.config) else f" (ran config#{r.ran} instead)"
+                if r.ran is None and r.failure is None:
+                    ran = " (no working config yet: launch skipped)"
+                result = f"FAILED {r.failure}" if r.failure else fmt_ms(r.ms)
+                config = f" {{{config_str(state.configs[slot.config])}}}" if r.slot is not None else ""
+                self.log.write("slot", f"slot step={self.stats.executions} kernel={state.kernel} key={state.key!r} "
+                               f"{what}{config} {result}{ran}",
+                               step=self.stats.executions, kernel=state.kernel, key=list(state.key),
+                               config_index=slot.config if r.slot else None, iteration=slot.iteration,
+                               timed=slot.timed, ms=r.ms, failure=r.failure, ran=r.ran)
+            state.records.clear()
+
+    def _decide(self, finishing: list[KeyState]) -> None:
+        width = max(len(s.configs) for s in finishing)
+        local = torch.full((len(finishing), width, 3), math.inf, dtype=torch.float64)
+        for i, s in enumerate(finishing):
+            local[i, : len(s.configs)] = torch.tensor(s.local_stats(self.opts.stat), dtype=torch.float64)
+        per_rank = self.comm.all_gather(local, "gather timings")  # [world, states, configs, 3]
+        per_rank = torch.nan_to_num(per_rank, nan=math.inf)
+        reduced = per_rank.amax(0) if self.opts.reduce == "max" else per_rank.mean(0)
+        picks = [pick_winner(reduced[i, : len(s.configs), 0].tolist()) for i, s in enumerate(finishing)]
+        winners = self.comm.broadcast_from_root(
+            torch.tensor([-1 if p is None else p for p in picks], dtype=torch.int64), "broadcast winners")
+        if bool((winners < 0).any()):
+            self._raise_no_valid_config(finishing, winners.tolist())
+        for i, s in enumerate(finishing):
+            self._commit(s, int(winners[i]), reduced[i, : len(s.configs)], per_rank[:, i, : len(s.configs), 0])
+
+    def _commit(self, s: KeyState, winner: int, reduced: torch.Tensor, per_rank: torch.Tensor) -> None:
+        at = s.autotuner
+        s.winner = winner
+        s.tuning_s = time.perf_counter() - s.started
+        best = s.configs[winner]
+        at.cache[s.key] = best
+        at.best_config = best
+        at.configs_timings = {c: reduced[j].tolist() for j, c in enumerate(s.configs)}
+        at.bench_time = s.tuning_s
+        notify_listener(at, s.key, best, at.configs_timings, s.tuning_s)
+        ms = float(reduced[winner, 0])
+        failed = sum(1 for t in reduced[:, 0].tolist() if not math.isfinite(t))
+        self.stats.tuned.append(TunedKey(s.kernel, s.key, config_str(best), ms, len(s.configs), failed))
+        how = f"{self.opts.reduce} over {self.comm.world} ranks" if self.comm.world > 1 else "1 rank"
+        self.log.write("decision", f"decision kernel={s.kernel} key={s.key!r} winner=config#{winner} {{{config_str(best)}}} "
+                       f"{fmt_ms(ms)} ({self.opts.stat}, {how}); reduced=[{', '.join(f'{t:.4f}' for t in reduced[:, 0].tolist())}]",
+                       kernel=s.kernel, key=list(s.key), winner=winner, winner_config=config_str(best),
+                       configs=[config_str(c) for c in s.configs], reduced=reduced[:, 0].tolist(),
+                       reduced_q20=reduced[:, 1].tolist(), reduced_q80=reduced[:, 2].tolist(),
+                       per_rank=per_rank.tolist(), local_failures={str(k): v for k, v in s.failures.items()},
+                       reduce=self.opts.reduce, stat=self.opts.stat, world=self.comm.world,
+                       executions=self.stats.executions, tuning_s=s.tuning_s)
+        self.log.summary(f"{self.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
+                         f"({len(s.configs)} configs, {failed} failed, {how}, {s.tuning_s:.2f} s)")
+
+    def _raise_no_valid_config(self, finishing: list[KeyState], winners: list[int]) -> None:
+        # Every rank reaches this with the same broadcast winners, so the extra gather is safe.
+        mine = {str(i): {str(c): r for c, r in s.failures.items()} for i, s in enumerate(finishing)}
+        everyone = [json.loads(b) for b in self.comm.all_gather_bytes(json.dumps(mine).encode(), "share failures")]
+        i = winners.index(-1)
+        s = finishing[i]
+        failures: dict[str, list[str]] = {}
+        for j, config in enumerate(s.configs):
+            reasons = [f"rank {r}: {e[str(i)][str(j)]}" for r, e in enumerate(everyone) if str(j) in e[str(i)]]
+            failures[config_str(config)] = reasons or ["no failure recorded, but no finite time either"]
+        self.log.write("error", f"no valid config for kernel={s.kernel} key={s.key!r}", kernel=s.kernel,
+                       key=list(s.key), failures=failures)
+        raise NoValidConfigError(s.kernel, s.key, failures)
+
+
+def _describe_mismatch(everyone: list[dict[str, Any]]) -> str:
+    groups: dict[str, list[int]] = {}
+    for rank, view in enumerate(everyone):
+        groups.setdefault(json.dumps(view, sort_keys=True), []).append(rank)
+    all_new = [set(v["new"]) for v in everyone]
+    common = set.intersection(*all_new) if all_new else set()
+    lines = []
+    for text, ranks in groups.items():
+        view = json.loads(text)
+        differing = [d for d in view["new"] if d not in common] or ["(same keys, different launch counts)"]
+        lines.append(f"  ranks {ranks}: {view['launches']} tuning launches; their own keys: " + " | ".join(differing))
+    return "\n".join(lines)
