@@ -15,7 +15,7 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.errors import InterpreterError, OutOfResources, PTXASError
 
 __all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "interpret_mode", "tuning_key",
-           "prune_configs", "launch_config", "config_failure_reason", "kernel_name", "kernel_source",
+           "prune_configs", "launch_config", "compile_only", "reset_before_final_launch", "config_failure_reason", "kernel_name", "kernel_source",
            "config_to_dict", "config_str", "print_autotuning", "notify_listener"]
 
 TRITON_VERSION: str = triton.__version__
@@ -86,6 +86,17 @@ def launch_config(at: Autotuner, config: Config, args: Sequence[Any], kwargs: di
         raise
     at.post_hook(full_nargs, exception=None)
     return ret
+
+
+def compile_only(at: Autotuner, configs: Sequence[Config], args: Sequence[Any], kwargs: dict[str, Any]) -> list:
+    """A warmup=True launch: compile each config without running it, as Autotuner.warmup does."""
+    kw = {k: v for k, v in kwargs.items() if k != "warmup"}
+    return [at.fn.run(*args, warmup=True, **kw, **c.all_kwargs()) for c in configs]
+
+
+def reset_before_final_launch(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """What Triton does between benchmarking and the real launch: zero the reset_to_zero arguments."""
+    at.pre_hook({**_named_args(at, args), **kwargs, **config.all_kwargs()}, reset_only=True)
 
 
 def _is_interpreted_static_assert(exc: BaseException) -> bool:

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from .collectives import Collectives
-from .compat import (Autotuner, config_failure_reason, config_str, kernel_name, launch_config, notify_listener,
-                     prune_configs, tuning_key)
+from .compat import (Autotuner, compile_only, config_failure_reason, config_str, kernel_name, launch_config, notify_listener,
+                     prune_configs, reset_before_final_launch, tuning_key)
 from .errors import CtxTuneError, EmptyConfigSpaceError, NoValidConfigError, RankMismatchError
 from .logs import RankLog, fmt_ms
 from .options import TuneOptions
@@ -80,9 +80,13 @@ class Session:
 
     def launch(self, at: Autotuner, args: tuple, kwargs: dict[str, Any]) -> Any:
         run = original_run()
-        if kwargs.get("warmup") or len(at.configs) <= 1:
-            return run(at, *args, **kwargs)  # compile-only launches and fixed kernels are not tuned
+        if len(at.configs) <= 1:
+            return run(at, *args, **kwargs)
         key = tuning_key(at, args, kwargs)
+        if kwargs.get("warmup"):
+            # Compile-only: Triton's own run would "benchmark" launches that do nothing.
+            configs = [at.cache[key]] if key in at.cache else prune_configs(at, args, kwargs)
+            return compile_only(at, configs, args, kwargs)
         state = self.states.get((id(at), key))
         if state is None:
             if key in at.cache:
@@ -95,6 +99,9 @@ class Session:
                 return run(at, *args, **kwargs)
             state = self._new_state(at, key, configs)
         if state.decided:
+            if state.reset_pending:
+                state.reset_pending = False
+                reset_before_final_launch(at, at.cache[key], args, kwargs)
             return run(at, *args, **kwargs)
         self.tuning_launches += 1
         return self._run_slot(state, args, kwargs)
@@ -180,6 +187,9 @@ class Session:
         self._log_slots()
         if finishing:
             self._decide(finishing)
+        if all(s.decided for s in self.states.values()):
+            for s in self.states.values():
+                s.reset_pending = True  # the next execution is the final one
         return False
 
     def _check_agreement(self, finishing: list[KeyState]) -> None:
@@ -221,7 +231,7 @@ class Session:
         for i, s in enumerate(finishing):
             local[i, : len(s.configs)] = torch.tensor(s.local_stats(self.opts.stat), dtype=torch.float64)
         per_rank = self.comm.all_gather(local, "gather timings")  # [world, states, configs, 3]
-        per_rank = torch.nan_to_num(per_rank, nan=math.inf)
+        per_rank = torch.nan_to_num(per_rank, nan=math.inf, posinf=math.inf)
         reduced = per_rank.amax(0) if self.opts.reduce == "max" else per_rank.mean(0)
         picks = [pick_winner(reduced[i, : len(s.configs), 0].tolist()) for i, s in enumerate(finishing)]
         winners = self.comm.broadcast_from_root(

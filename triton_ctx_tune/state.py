@@ -47,6 +47,7 @@ class KeyState:
     records: list[SlotRecord] = field(default_factory=list)
     next_slot: int = 0
     winner: int | None = None
+    reset_pending: bool = False  # the final run's first launch zeroes reset_to_zero args, as Triton's does
     started: float = field(default_factory=time.perf_counter)
     tuning_s: float = 0.0
 

@@ -1,0 +1,190 @@
+"""Small real Triton kernels for the tests, plus config hooks that make timings deterministic.
+
+On the CPU the interpreter's own run time varies by a few milliseconds, so the configs that
+must lose carry a config pre_hook that sleeps: the pre_hook is inside the timed span, exactly
+as in Triton's own _bench, so the sleep decides the winner on CPU and GPU alike.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.autotuner import Autotuner
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SLOW_MS = 15.0
+
+
+def sleepy(delay_ms: Callable[[dict[str, Any]], float]) -> Callable[[dict[str, Any]], None]:
+    def hook(nargs: dict[str, Any]) -> None:
+        ms = delay_ms(nargs)
+        if ms:
+            time.sleep(ms / 1e3)
+    return hook
+
+
+def block_configs(blocks: list[int], slow: dict[int, float] | None = None) -> list[triton.Config]:
+    slow = slow or {}
+    return [triton.Config({"BLOCK": b}, num_warps=4,
+                          pre_hook=sleepy(lambda nargs, b=b: slow.get(b, 0.0)) if b in slow else None)
+            for b in blocks]
+
+
+def grid(n: int) -> Callable[[dict[str, Any]], tuple[int]]:
+    return lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
+
+
+# Fastest config depends on n: BLOCK 64 for n >= 100, BLOCK 16 below (the others sleep).
+def _by_size(nargs: dict[str, Any], block: int) -> float:
+    best = 64 if nargs["n"] >= 100 else 16
+    return 0.0 if block == best else SLOW_MS * (1 + (block != 32))
+
+
+SIZED_CONFIGS = [triton.Config({"BLOCK": b}, num_warps=4, pre_hook=sleepy(lambda nargs, b=b: _by_size(nargs, b)))
+                 for b in (16, 32, 64)]
+
+
+@triton.autotune(configs=SIZED_CONFIGS, key=["n"])
+@triton.jit
+def add_one_(x_ptr, n, BLOCK: tl.constexpr):
+    """x += 1, in place."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+@triton.autotune(configs=block_configs([16, 32, 64], slow={16: SLOW_MS, 64: 2 * SLOW_MS}), key=["n"])
+@triton.jit
+def double_(x_ptr, n, BLOCK: tl.constexpr):
+    """x *= 2, in place; BLOCK 32 wins."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)
+
+
+@triton.autotune(configs=block_configs([16, 32, 64], slow={16: SLOW_MS, 32: 2 * SLOW_MS}), key=["n"])
+@triton.jit
+def scale_copy(src_ptr, dst_ptr, n, scale, BLOCK: tl.constexpr):
+    """dst = src * scale; BLOCK 64 wins."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask) * scale, mask=mask)
+
+
+def _limited(x_ptr, n, LIMIT: tl.constexpr, BLOCK: tl.constexpr):
+    tl.static_assert(BLOCK <= LIMIT, "BLOCK over LIMIT")  # a real compile-time failure of some configs
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+# BLOCK 128 cannot compile when LIMIT=64; 16 is slow, 32 sleeps more; 64 wins.
+limited_add_one_ = triton.autotune(
+    configs=[triton.Config({"BLOCK": 128})] + block_configs([16, 32, 64], slow={16: SLOW_MS, 32: 2 * SLOW_MS}),
+    key=["n"])(triton.jit(_limited))
+
+# Same kernel with the failing config in the middle: 16 works first and becomes the fallback.
+limited_mid_add_one_ = triton.autotune(
+    configs=block_configs([16], slow={16: SLOW_MS}) + [triton.Config({"BLOCK": 128})] + block_configs([64]),
+    key=["n"])(triton.jit(_limited))
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 32})], key=["n"])
+@triton.jit
+def single_config_add_one_(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+@triton.autotune(configs=block_configs([16, 32, 64], slow={16: SLOW_MS, 64: 2 * SLOW_MS}), key=["n"],
+                 reset_to_zero=["acc_ptr"])
+@triton.jit
+def accumulate(src_ptr, acc_ptr, n, BLOCK: tl.constexpr):
+    """acc += src: correct only if acc starts from zero, which reset_to_zero guarantees."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(acc_ptr + offs, tl.load(acc_ptr + offs, mask=mask) + tl.load(src_ptr + offs, mask=mask), mask=mask)
+
+
+@triton.autotune(configs=block_configs([16, 32, 64], slow={16: SLOW_MS, 64: 2 * SLOW_MS}), key=["n"],
+                 restore_value=["x_ptr"])
+@triton.jit
+def restored_add_one_(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+def _even(args: dict[str, Any]) -> bool:
+    return args["n"] % args["BLOCK"] == 0
+
+
+@triton.autotune(configs=block_configs([16, 32, 64], slow={16: SLOW_MS, 64: 2 * SLOW_MS}), key=["n"])
+@triton.heuristics({"EVEN": _even})
+@triton.jit
+def heur_inner_add_one_(x_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if EVEN:
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs) + 1)
+    else:
+        mask = offs < n
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+@triton.heuristics({"SHIFT": lambda args: 1.0})
+@triton.autotune(configs=block_configs([16, 32, 64], slow={16: SLOW_MS, 64: 2 * SLOW_MS}), key=["n"])
+@triton.jit
+def heur_outer_add_(x_ptr, n, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + SHIFT, mask=mask)
+
+
+def _drop_big(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
+    return [c for c in configs if c.kwargs["BLOCK"] <= 32]
+
+
+@triton.autotune(configs=block_configs([16, 32, 64, 128], slow={16: SLOW_MS}), key=["n"],
+                 prune_configs_by={"early_config_prune": _drop_big})
+@triton.jit
+def early_pruned_add_one_(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+def _model(x_ptr, n, BLOCK, **kwargs: Any) -> float:
+    return -BLOCK  # predicts that bigger blocks are faster: top_k=2 keeps 128 and 64
+
+
+@triton.autotune(configs=block_configs([16, 32, 64, 128], slow={128: SLOW_MS}), key=["n"],
+                 prune_configs_by={"perf_model": _model, "top_k": 2})
+@triton.jit
+def modelled_add_one_(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+ALL = [add_one_, double_, scale_copy, limited_add_one_, limited_mid_add_one_, single_config_add_one_, accumulate,
+       restored_add_one_, heur_inner_add_one_, heur_outer_add_, early_pruned_add_one_, modelled_add_one_]
+
+
+def autotuner(k: Any) -> Autotuner:
+    while not isinstance(k, Autotuner):
+        k = k.fn
+    return k
+
+
+def reset_caches() -> None:
+    for k in ALL:
+        autotuner(k).cache.clear()
+
+
+def chosen(k: Any) -> dict[tuple, int]:
+    """{key: BLOCK} of what the kernel's autotuner has cached."""
+    return {key: cfg.kwargs["BLOCK"] for key, cfg in autotuner(k).cache.items()}
