@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .compat import Autotuner, Config
+from .compat import Autotuner, Config, config_str
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class KeyState:
 
     def describe(self) -> str:
         """What ranks must agree on before tuning: kernel, key and the pruned configs in order."""
-        return f"{self.kernel} key={self.key!r} configs=[{'; '.join(str(c) for c in self.configs)}]"
+        return f"{self.kernel} key={self.key!r} configs=[{'; '.join(config_str(c) for c in self.configs)}]"
 
     def local_stats(self, stat: str) -> list[tuple[float, float, float]]:
         """Per config (statistic, 20th, 80th percentile) in ms; +inf for failed or unmeasured."""

@@ -1,0 +1,208 @@
+"""One rank of a multi-process test, started by torchrun (see test_dist.py).
+
+Runs the named scenarios in order and writes each one's outcome to OUT/SCENARIO.rank{r}.json,
+so the test process can compare what every rank saw. An exception inside a scenario is part
+of its outcome; the group stays usable because every rank raises at the same point.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.runtime.errors import OutOfResources  # noqa: E402
+
+from tests.kernels import DEVICE, autotuner, chosen, grid, sleepy  # noqa: E402
+from triton_ctx_tune import contextual_autotune  # noqa: E402
+
+FAST = dict(n_warmup=1, n_repeat=3)
+
+
+def rank() -> int:
+    return dist.get_rank()
+
+
+def _oor_on_rank1(blocks: set[int]) -> Callable[[dict[str, Any]], None]:
+    """Config pre_hook that fails like a GPU with too little shared memory, on rank 1 only."""
+    def hook(nargs: dict[str, Any]) -> None:
+        if rank() == 1 and nargs["BLOCK"] in blocks:
+            raise OutOfResources(262144, 232448, "shared memory")
+    return hook
+
+
+def _cfg(block: int, delay: Callable[[dict[str, Any]], float] | None = None,
+         fail_on_rank1: bool = False) -> triton.Config:
+    def hook(nargs: dict[str, Any]) -> None:
+        if fail_on_rank1:
+            _oor_on_rank1({block})(nargs)
+        if delay is not None:
+            sleepy(delay)(nargs)
+    return triton.Config({"BLOCK": block}, num_warps=4, pre_hook=hook)
+
+
+def _add_one(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+def _tuned(configs: list[triton.Config]) -> Any:
+    return triton.autotune(configs=configs, key=["n"])(triton.jit(_add_one))
+
+
+# 64 is fastest everywhere, but it fails on rank 1: everyone must fall back to 32.
+fails_on_one_rank = _tuned([_cfg(16, lambda a: 60.0), _cfg(32, lambda a: 20.0), _cfg(64, fail_on_rank1=True)])
+# Every config fails on rank 1.
+fails_everywhere_on_rank1 = _tuned([_cfg(b, fail_on_rank1=True) for b in (16, 32, 64)])
+# 32 is fastest on rank 0 but 90 ms slower on rank 1: MAX picks 16, MEAN picks 32.
+skewed = [_cfg(16, lambda a: 60.0), _cfg(32, lambda a: 90.0 if rank() == 1 else 0.0), _cfg(64, lambda a: 120.0)]
+skewed_max = _tuned(skewed)
+skewed_mean = _tuned(list(skewed))
+plain = _tuned([_cfg(16, lambda a: 30.0), _cfg(32), _cfg(64, lambda a: 60.0)])
+
+
+def ramp(n: int) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.float32, device=DEVICE)
+
+
+def _blocks(kernel: Any) -> dict[str, int]:
+    return {repr(k): v for k, v in chosen(kernel).items()}
+
+
+def scenario_agree() -> dict[str, Any]:
+    """Two kernels, one of them twice with two keys, plus the user's own all_reduce."""
+    @contextual_autotune(is_dist=True, **FAST)
+    def op(x: torch.Tensor):
+        h = x.clone()
+        plain[grid(h.numel())](h, h.numel())
+        g = torch.ones(40, device=DEVICE)
+        plain[grid(g.numel())](g, g.numel())
+        dist.all_reduce(h)  # the function's own collective stays in lockstep
+        return h + g.sum()
+
+    x = ramp(100)
+    y = op(x)
+    world = dist.get_world_size()
+    ok = torch.allclose(y, (x + 1) * world + 80.0)
+    again = op(x)
+    return {"ok": bool(ok and torch.equal(again, y)), "blocks": _blocks(plain),
+            "executions": op.last_call.executions, "second_executions": op.last_call.executions}
+
+
+def scenario_one_rank_fails() -> dict[str, Any]:
+    @contextual_autotune(is_dist=True, **FAST)
+    def op(x: torch.Tensor):
+        h = x.clone()
+        fails_on_one_rank[grid(h.numel())](h, h.numel())
+        return h
+
+    x = ramp(64)
+    y = op(x)
+    timings = {c.kwargs["BLOCK"]: t[0] for c, t in autotuner(fails_on_one_rank).configs_timings.items()}
+    return {"ok": bool(torch.equal(y, x + 1)), "blocks": _blocks(fails_on_one_rank),
+            "executions": op.last_call.executions, "inf": sorted(b for b, t in timings.items() if t == float("inf"))}
+
+
+def _skew(kernel: Any, reduce: str) -> dict[str, Any]:
+    @contextual_autotune(is_dist=True, reduce=reduce, **FAST)
+    def op(x: torch.Tensor):
+        h = x.clone()
+        kernel[grid(h.numel())](h, h.numel())
+        return h
+
+    x = ramp(64)
+    y = op(x)
+    return {"ok": bool(torch.equal(y, x + 1)), "blocks": _blocks(kernel), "executions": op.last_call.executions}
+
+
+def scenario_skew_max() -> dict[str, Any]:
+    return _skew(skewed_max, "max")
+
+
+def scenario_skew_mean() -> dict[str, Any]:
+    return _skew(skewed_mean, "mean")
+
+
+def scenario_all_fail_on_rank1() -> dict[str, Any]:
+    @contextual_autotune(is_dist=True, **FAST)
+    def op(x: torch.Tensor):
+        h = x.clone()
+        fails_everywhere_on_rank1[grid(h.numel())](h, h.numel())
+        return h
+
+    op(ramp(64))
+    return {"ok": False}
+
+
+def scenario_mismatch() -> dict[str, Any]:
+    @contextual_autotune(is_dist=True, **FAST)
+    def op(x: torch.Tensor):
+        h = x.clone()
+        plain[grid(h.numel())](h, h.numel())
+        return h
+
+    op(ramp(64 + 8 * rank()))  # rank-dependent shape
+    return {"ok": False}
+
+
+def scenario_straggler() -> dict[str, Any]:
+    """Rank 1 already has the key cached, so it never joins the tuning: rank 0 must not hang."""
+    @contextual_autotune(is_dist=True, timeout_s=3.0, **FAST)
+    def op(x: torch.Tensor):
+        h = x.clone()
+        plain[grid(h.numel())](h, h.numel())
+        return h
+
+    x = ramp(48)
+    if rank() == 1:
+        autotuner(plain).cache[(48, "torch.float32")] = triton.Config({"BLOCK": 16})
+    start = time.monotonic()
+    try:
+        op(x)
+    finally:
+        if rank() == 1:
+            time.sleep(6.0)  # stay alive past rank 0's deadline, as a busy rank would
+    return {"ok": True, "elapsed": time.monotonic() - start}
+
+
+SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
+    args = parser.parse_args()
+    backend = os.environ.get("TRITON_CTX_TUNE_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
+    out = Path(args.out)
+    for name in args.scenarios:
+        start = time.monotonic()
+        try:
+            result = SCENARIOS[name]()
+        except Exception as e:  # noqa: BLE001 (the outcome under test)
+            result = {"error_type": type(e).__name__, "error": str(e), "traceback": traceback.format_exc()}
+        result.update(rank=rank(), world=dist.get_world_size(), backend=backend, wall_s=time.monotonic() - start)
+        (out / f"{name}.rank{rank()}.json").write_text(json.dumps(result))
+    if "straggler" in args.scenarios:
+        os._exit(0)  # rank 0's timed-out collective is still pending; don't wait on it
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

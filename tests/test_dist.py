@@ -1,0 +1,131 @@
+"""Multi-process behaviour: real torchrun ranks over gloo (CPU) or NCCL (GPUs), each run with a deadline."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.dist
+
+ROOT = Path(__file__).resolve().parents[1]
+NORMAL = ["agree", "one_rank_fails", "skew_max", "skew_mean", "all_fail_on_rank1", "mismatch"]
+DEADLINE_S = 600
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def run_ranks(world: int, scenarios: list[str], out: Path, deadline_s: float = DEADLINE_S) -> dict[str, list[dict]]:
+    """Start `world` ranks on the worker; a hang fails the test at the deadline instead of stalling CI."""
+    if 0 < _gpus() < world:
+        pytest.skip(f"needs {world} GPUs")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TRITON_CTX_TUNE_QUIET="1", OMP_NUM_THREADS="1",
+               TRITON_CTX_TUNE_LOG_DIR=str(out / "logs"))
+    if _gpus() == 0:
+        env.update(TRITON_INTERPRET="1", TRITON_CTX_TUNE_BACKEND="gloo")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+           str(ROOT / "tests" / "dist_worker.py"), "--out", str(out), *scenarios]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=deadline_s)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"ranks still running after {deadline_s} s (a hang):\n{(e.stderr or b'')[-4000:]!r}")
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    results = {}
+    for name in scenarios:
+        results[name] = [json.loads((out / f"{name}.rank{r}.json").read_text()) for r in range(world)]
+    return results
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
+def normal_runs(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"dist{request.param}")
+    return request.param, run_ranks(request.param, NORMAL, out), out
+
+
+def _no_errors(rows: list[dict]) -> None:
+    for row in rows:
+        assert "error" not in row, row.get("traceback")
+
+
+def test_every_rank_chooses_the_same_configs_and_keeps_user_collectives_in_step(normal_runs):
+    world, results, _ = normal_runs
+    rows = results["agree"]
+    _no_errors(rows)
+    assert all(r["ok"] for r in rows)
+    assert all(r["blocks"] == {"(100, 'torch.float32')": 32, "(40, 'torch.float32')": 32} for r in rows)
+    assert {r["executions"] for r in rows} == {1}  # the second call ran once on every rank
+    assert all(r["backend"] == ("nccl" if _gpus() else "gloo") and r["world"] == world for r in rows)
+
+
+def test_config_failing_on_one_rank_is_excluded_everywhere(normal_runs):
+    _, results, _ = normal_runs
+    rows = results["one_rank_fails"]
+    _no_errors(rows)
+    assert all(r["ok"] for r in rows)
+    assert all(r["blocks"] == {"(64, 'torch.float32')": 32} for r in rows)
+    assert all(r["inf"] == [64] for r in rows)
+    assert len({r["executions"] for r in rows}) == 1 and rows[0]["executions"] == 3 * 4 + 1
+
+
+def test_rank_dependent_timings_use_the_max_consensus(normal_runs):
+    _, results, _ = normal_runs
+    for name, block in (("skew_max", 16), ("skew_mean", 32)):
+        rows = results[name]
+        _no_errors(rows)
+        assert all(r["ok"] for r in rows)
+        assert all(r["blocks"] == {"(64, 'torch.float32')": block} for r in rows), (name, rows)
+
+
+def test_all_configs_failing_on_one_rank_raise_on_every_rank(normal_runs):
+    _, results, _ = normal_runs
+    rows = results["all_fail_on_rank1"]
+    assert {r.get("error_type") for r in rows} == {"NoValidConfigError"}
+    assert len({r["error"] for r in rows}) == 1  # the same message everywhere
+    msg = rows[0]["error"]
+    assert msg.count("rank 1: OutOfResources") == 3 and "_add_one" in msg and "(64, 'torch.float32')" in msg
+
+
+def test_mismatched_shapes_raise_the_mismatch_error_on_every_rank(normal_runs):
+    world, results, _ = normal_runs
+    rows = results["mismatch"]
+    assert {r.get("error_type") for r in rows} == {"RankMismatchError"}
+    for r in rows:
+        for other in range(world):
+            assert f"ranks [{other}]" in r["error"]
+            assert f"key=({64 + 8 * other}, 'torch.float32')" in r["error"]
+
+
+def test_per_rank_logs_hold_slots_and_reduced_decisions(normal_runs):
+    world, _, out = normal_runs
+    for r in range(world):
+        events = [json.loads(line) for line in (out / "logs" / f"rank-{r}.jsonl").read_text().splitlines()]
+        decisions = [e for e in events if e["event"] == "decision" and e["kernel"] == "_add_one"]
+        assert decisions and all(len(d["per_rank"]) == world for d in decisions)
+        assert all(e["rank"] == r for e in events)
+        text = (out / "logs" / f"rank-{r}.log").read_text()
+        assert f"[rank-{r}] === tuning scenario_agree.<locals>.op: world={world}" in text
+
+
+def test_a_rank_that_never_joins_gives_a_timeout_error_not_a_hang(tmp_path):
+    rows = run_ranks(2, ["straggler"], tmp_path, deadline_s=180)["straggler"]
+    assert rows[0].get("error_type") == "CollectiveTimeoutError", rows[0]
+    assert "did not complete within 3 s" in rows[0]["error"]
+    assert rows[0]["wall_s"] < 30
+    assert rows[1]["ok"] and "error" not in rows[1]
+
+
+def test_example_matches_the_reference_through_launch(tmp_path):
+    if not (ROOT / "examples" / "tp_mlp.py").exists():
+        pytest.fail("examples/tp_mlp.py is missing")
+    env = dict(os.environ, TRITON_CTX_TUNE_LOG_DIR=str(tmp_path / "logs"), NPROC="2")
+    proc = subprocess.run([str(ROOT / "launch"), "examples/tp_mlp.py"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=DEADLINE_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "PASS" in proc.stdout
+    assert (tmp_path / "logs" / "rank-1.jsonl").exists()
