@@ -177,16 +177,16 @@ def serialized_interpreter(monkeypatch):
 
     if not interpret_mode():
         return
-    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.interpreter import GridExecutor
 
     lock = threading.Lock()
-    run = InterpretedFunction.run
+    call = GridExecutor.__call__
 
-    def locked_run(self, *args, **kwargs):
+    def locked_call(self, *args, **kwargs):
         with lock:
-            return run(self, *args, **kwargs)
+            return call(self, *args, **kwargs)
 
-    monkeypatch.setattr(InterpretedFunction, "run", locked_run)
+    monkeypatch.setattr(GridExecutor, "__call__", locked_call)
 
 
 def test_threads_tune_independently_and_plain_launches_are_not_captured(serialized_interpreter):

@@ -1,0 +1,83 @@
+"""What only a GPU shows: CUDA-event timing, the L2 flush, and real out-of-resources failures."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from tests.kernels import autotuner, chosen
+from triton_ctx_tune import contextual_autotune, timing
+
+pytestmark = pytest.mark.gpu
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=1), triton.Config({"BLOCK": 4096}, num_warps=8)],
+                 key=["n"])
+@triton.jit
+def _copy(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+
+@triton.autotune(configs=[
+    # Needs about 1 MiB of shared memory: OutOfResources on every current GPU.
+    triton.Config({"BM": 256, "BN": 256, "BK": 128}, num_stages=4, num_warps=8),
+    triton.Config({"BM": 64, "BN": 64, "BK": 32}, num_stages=3, num_warps=4),
+    triton.Config({"BM": 128, "BN": 128, "BK": 32}, num_stages=3, num_warps=8),
+], key=["M", "N", "K"])
+@triton.jit
+def _matmul(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, K, BK):
+        x = tl.load(a + rm[:, None] * K + (k + rk)[None, :], mask=(rm[:, None] < M) & ((k + rk)[None, :] < K), other=0.0)
+        y = tl.load(b + (k + rk)[:, None] * N + rn[None, :], mask=((k + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc += tl.dot(x, y)
+    tl.store(c + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def test_cuda_events_time_real_kernels_and_flush_l2(tmp_path):
+    n = 1 << 24
+
+    @contextual_autotune(n_warmup=2, n_repeat=5)
+    def op(x: torch.Tensor):
+        y = torch.empty_like(x)
+        _copy[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, y, n)
+        return y
+
+    x = torch.randn(n, device="cuda")
+    torch.testing.assert_close(op(x), x)
+    assert chosen(_copy) == {(n, "torch.float32", "torch.float32"): 4096}
+    assert torch.cuda.current_device() in timing._flush_buffers
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    assert events[0]["timer"] == "cuda-events" and events[0]["device"] == torch.cuda.get_device_name()
+    timed = [e["ms"] for e in events if e["event"] == "slot" and e["timed"]]
+    assert len(timed) == 10 and all(0 < ms < 100 for ms in timed)
+    autotuner(_copy).cache.clear()
+
+
+def test_config_out_of_shared_memory_is_excluded():
+    M = N = K = 512
+
+    @contextual_autotune(n_warmup=1, n_repeat=3)
+    def op(a: torch.Tensor, b: torch.Tensor):
+        c = torch.empty(M, N, device="cuda")
+        _matmul[lambda m: (triton.cdiv(M, m["BM"]), triton.cdiv(N, m["BN"]))](a, b, c, M, N, K)
+        return c
+
+    a = torch.randn(M, K, device="cuda")
+    b = torch.randn(K, N, device="cuda")
+    c = op(a, b)
+    ref = a.double() @ b.double()
+    assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-2  # tf32 dot
+    timings = {c.kwargs["BM"]: t[0] for c, t in autotuner(_matmul).configs_timings.items()}
+    assert timings[256] == float("inf") and timings[64] < float("inf") and timings[128] < float("inf")
+    assert chosen(_matmul)[(M, N, K, "torch.float32", "torch.float32", "torch.float32")] in (64, 128)
+    autotuner(_matmul).cache.clear()

@@ -1,0 +1,47 @@
+"""The slot schedule and the decision rule, without any kernel."""
+from __future__ import annotations
+
+import math
+
+import triton
+
+from triton_ctx_tune.state import KeyState, Slot, pick_winner, summarize
+
+
+def _state(n_configs: int = 3, n_warmup: int = 1, n_repeat: int = 2) -> KeyState:
+    configs = [triton.Config({"BLOCK": 16 << i}) for i in range(n_configs)]
+    return KeyState(autotuner=None, key=(1,), configs=configs, n_warmup=n_warmup, n_repeat=n_repeat,  # type: ignore[arg-type]
+                    kernel="k", created_step=0)
+
+
+def test_slots_walk_each_config_warmup_then_timed():
+    s = _state()
+    slots = [s.take_slot() for _ in range(s.total_slots)]
+    assert slots == [Slot(c, i, i >= 1) for c in range(3) for i in range(3)]
+    assert s.exhausted and s.take_slot() is None
+
+
+def test_fallback_is_the_lowest_working_config_never_a_failed_one():
+    s = _state()
+    assert s.fallback() is None
+    s.works.update({2, 1})
+    assert s.fallback() == 1
+    s.fail(1, "OutOfResources")
+    assert s.fallback() == 2 and s.failures == {1: "OutOfResources"}
+
+
+def test_winner_ignores_inf_and_nan_and_breaks_ties_by_index():
+    assert pick_winner([3.0, 1.0, 1.0]) == 1
+    assert pick_winner([math.nan, 2.0, math.inf]) == 1
+    assert pick_winner([math.inf, math.nan]) is None
+
+
+def test_summaries():
+    assert summarize([1.0, 3.0, 2.0], "median")[0] == 2.0
+    assert summarize([1.0, 3.0, 2.0], "mean")[0] == 2.0
+    assert summarize([1.0, 3.0, 2.0], "min")[0] == 1.0
+    s = _state()
+    s.samples[0] = [lambda: 1.0, lambda: 3.0]
+    s.fail(2, "x")
+    stats = s.local_stats("median")
+    assert stats[0][0] == 2.0 and stats[1] == (math.inf,) * 3 and stats[2] == (math.inf,) * 3
