@@ -1,0 +1,33 @@
+"""The repository keeps its promises: CI runs the README's test command, and launch documents its knobs."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _readme_commands() -> list[str]:
+    quickstart = ROOT.joinpath("README.md").read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```(?:bash|sh)?\n(.*?)```", quickstart, re.S)
+    assert block, "README's Quickstart has no code block"
+    return [line for line in block.group(1).splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_quickstart_is_two_commands_and_ci_runs_the_test_one_verbatim():
+    commands = _readme_commands()
+    assert len(commands) == 2, commands
+    ci_lines = [line for line in ROOT.joinpath(".ci/run").read_text().splitlines()
+                if line.strip() and not line.startswith("#") and not line.startswith(("set ", "cd "))]
+    assert ci_lines == [commands[1]]
+    assert "launch examples/tp_mlp.py" in commands[0]
+
+
+def test_launch_help_names_every_knob():
+    out = subprocess.run([str(ROOT / "launch"), "--help"], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ))
+    assert out.returncode == 0
+    for knob in ("NPROC", "TRITON_CTX_TUNE_DEVICE", "MASTER_PORT", "PYTHON"):
+        assert knob in out.stdout
