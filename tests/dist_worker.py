@@ -190,6 +190,9 @@ def main() -> None:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
+    # NCCL creates its communicator at the first collective, blocking until every rank arrives; a real
+    # job has long done that before it tunes, and the tuner's deadlines start from there.
+    dist.barrier()
     out = Path(args.out)
     for name in args.scenarios:
         start = time.monotonic()
