@@ -26,12 +26,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _session_cache_dir(tmp_path_factory):
+    """Module-scoped fixtures (test_dist's ranks) start before _isolated: keep them off ~/.cache too."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_CTX_TUNE_CACHE_DIR", str(tmp_path_factory.mktemp("session-cache")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
-    """Each test logs into its own folder and starts with empty autotuner caches."""
+    """Each test logs into its own folder, tunes against an empty persistent cache of its own
+    (tests count executions and expect tuning every time) and starts with empty autotuner caches."""
     from tests import kernels
 
     monkeypatch.setenv("TRITON_CTX_TUNE_LOG_DIR", str(tmp_path / "logs"))
+    monkeypatch.setenv("TRITON_CTX_TUNE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TRITON_CTX_TUNE_QUIET", "1")
     kernels.reset_caches()
     yield

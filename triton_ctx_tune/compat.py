@@ -16,6 +16,7 @@ from triton.runtime.errors import InterpreterError, OutOfResources, PTXASError
 
 __all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "interpret_mode", "tuning_key",
            "prune_configs", "launch_config", "compile_only", "reset_before_final_launch", "config_failure_reason", "kernel_name", "kernel_source",
+           "autotuner_definition", "autotuner_hooks",
            "config_to_dict", "config_str", "print_autotuning", "notify_listener"]
 
 TRITON_VERSION: str = triton.__version__
@@ -119,6 +120,18 @@ def config_failure_reason(exc: BaseException) -> str | None:
 
 def kernel_name(at: Autotuner) -> str:
     return at.base_fn.__name__
+
+
+def autotuner_definition(at: Autotuner) -> dict[str, list[str]]:
+    """Argument names the autotuner was defined with: key=, reset_to_zero=, restore_value= (the cache hashes them)."""
+    return {"key": [str(k) for k in at.keys],
+            "reset_to_zero": [str(k) for k in getattr(at, "reset_to_zero", None) or []],
+            "restore_value": [str(k) for k in getattr(at, "restore_value", None) or []]}
+
+
+def autotuner_hooks(at: Autotuner) -> tuple[Callable[..., Any] | None, Callable[..., Any] | None]:
+    """The autotuner-level pre_hook and post_hook (Triton's reset/restore defaults or the user's): both are timed."""
+    return getattr(at, "pre_hook", None), getattr(at, "post_hook", None)
 
 
 def kernel_source(at: Autotuner) -> str:

@@ -64,3 +64,8 @@ class CollectiveTimeoutError(CtxTuneError):
             "Fix that rank, or raise the limit with timeout_s= or TRITON_CTX_TUNE_TIMEOUT.")
         self.what = what
         self.timeout_s = timeout_s
+
+
+class CacheWarning(UserWarning):
+    """A tuning-cache entry could not be read, used or written; the key is tuned instead."""
+

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import Any
 
+from .cache import resolve_dir
 from .errors import InvalidOptionError
 from .logs import DEFAULT_LOG_DIR
 
@@ -25,8 +27,9 @@ def _env_float(name: str, default: float) -> float:
     return value
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "0").strip().lower() not in ("", "0", "false", "no", "off")
+def _env_flag(name: str, default: bool = False) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    return default if raw == "" else raw not in ("0", "false", "no", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +45,8 @@ class TuneOptions:
     quiet: bool | None = None  # None: TRITON_CTX_TUNE_QUIET
     timeout_s: float | None = None  # None: TRITON_CTX_TUNE_TIMEOUT or 300
     max_executions: int = 10_000
+    cache: bool | None = None  # None: TRITON_CTX_TUNE_CACHE, on unless it is 0
+    cache_dir: str | os.PathLike[str] | None = None  # None: TRITON_CTX_TUNE_CACHE_DIR or ~/.cache/triton_ctx_tune
 
     def __post_init__(self) -> None:
         for name in ("n_repeat", "n_warmup", "max_executions"):
@@ -57,6 +62,10 @@ class TuneOptions:
             raise InvalidOptionError("stat", self.stat, " or ".join(map(repr, STATISTICS)))
         if self.timeout_s is not None and not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
             raise InvalidOptionError("timeout_s", self.timeout_s, "a number of seconds greater than 0")
+        if self.cache is not None and not isinstance(self.cache, bool):
+            raise InvalidOptionError("cache", self.cache, "True, False or None (None: TRITON_CTX_TUNE_CACHE decides)")
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise InvalidOptionError("cache_dir", self.cache_dir, "a directory path, or None for the default")
 
     def resolved_log_dir(self) -> str | os.PathLike[str] | None:
         if self.log_dir is False:
@@ -70,3 +79,11 @@ class TuneOptions:
 
     def resolved_timeout(self) -> float:
         return _env_float("TRITON_CTX_TUNE_TIMEOUT", 300.0) if self.timeout_s is None else float(self.timeout_s)
+
+    def resolved_cache_dir(self) -> Path | None:
+        """Where tuned results persist, or None when the cache is off."""
+        enabled = _env_flag("TRITON_CTX_TUNE_CACHE", default=True) if self.cache is None else self.cache
+        return resolve_dir(self.cache_dir) if enabled else None
+
+    def resolved_retune(self) -> bool:
+        return _env_flag("TRITON_CTX_TUNE_RETUNE")

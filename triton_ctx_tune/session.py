@@ -4,6 +4,8 @@ A step is one execution of the tuned function. During a step every launch of a (
 that is still being tuned takes that key's next slot. At the end of the step, ranks check that
 they agree on what they tune, and the keys whose slots ran out are decided together: their
 timings are gathered from every rank, reduced, and the group's rank 0 broadcasts the winners.
+A key that rank 0 finds in the persistent cache (cache.py) skips all of this: its winner runs
+from the first launch, on every rank.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .cache import Lookup, TuningCache
 from .collectives import Collectives
 from .compat import (Autotuner, compile_only, config_failure_reason, config_str, kernel_name, launch_config, notify_listener,
                      prune_configs, reset_before_final_launch, tuning_key)
@@ -44,6 +47,7 @@ class CallStats:
     executions: int = 0
     wall_s: float = 0.0
     tuned: list[TunedKey] = field(default_factory=list)
+    cache_hits: int = 0  # keys whose winner came from the persistent cache
 
 
 class Session:
@@ -53,6 +57,10 @@ class Session:
         self.comm = Collectives(opts.is_dist, opts.group, opts.resolved_timeout())
         self.timer = make_timer(opts.flush_l2)
         self.log = RankLog(opts.resolved_log_dir(), self.comm.global_rank, opts.resolved_quiet())
+        cache_dir = opts.resolved_cache_dir()
+        self.cache = None if cache_dir is None else TuningCache(cache_dir, opts.resolved_retune(), self.comm,
+                                                                 opts.reduce, opts.stat)
+        self.misses: dict[int, Lookup] = {}  # id(state) -> its cache miss, stored once the state is decided
         self.states: dict[tuple[int, tuple], KeyState] = {}
         self.new_states: list[KeyState] = []
         self.tuning_launches = 0
@@ -97,7 +105,13 @@ class Session:
             if len(configs) == 1:
                 at.cache[key] = configs[0]  # as Triton does: one config needs no measuring
                 return run(at, *args, **kwargs)
+            lookup = self.cache.lookup(at, key, configs) if self.cache is not None else None
+            if lookup is not None and lookup.hit:
+                self._cache_hit(at, key, configs, lookup)
+                return run(at, *args, **kwargs)
             state = self._new_state(at, key, configs)
+            if lookup is not None:
+                self.misses[id(state)] = lookup
         if state.decided:
             if state.reset_pending:
                 state.reset_pending = False
@@ -106,11 +120,30 @@ class Session:
         self.tuning_launches += 1
         return self._run_slot(state, args, kwargs)
 
-    def _new_state(self, at: Autotuner, key: tuple, configs: list) -> KeyState:
+    def _ensure_header(self) -> None:
         if not self._logged_header:
             self._logged_header = True
             device = torch.cuda.get_device_name() if self.timer.kind == "cuda-events" else "cpu"
             self.log.header(self.function, self.comm.world, device, self.timer.kind)
+
+    def _cache_hit(self, at: Autotuner, key: tuple, configs: list, lookup: Lookup) -> None:
+        best = configs[lookup.winner]
+        at.cache[key] = best
+        self.stats.cache_hits += 1
+        self._ensure_header()
+        entry = lookup.entry  # only the rank that read it (rank 0) has it; the others log the winner alone
+        ms = entry["timings"][lookup.winner]["ms"] if entry else None
+        date = entry["tuned"]["date"] if entry else "earlier"
+        self.log.write("cache-hit", f"cache-hit kernel={kernel_name(at)} key={key!r} winner=config#{lookup.winner} "
+                       f"{{{config_str(best)}}} {fmt_ms(ms)} from {lookup.path}",
+                       kernel=kernel_name(at), key=list(key), winner=lookup.winner, winner_config=config_str(best),
+                       configs=[config_str(c) for c in configs], path=str(lookup.path), id=lookup.id,
+                       entry=entry)
+        self.log.summary(f"{self.function}: {kernel_name(at)} key={key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
+                         f"(from the tuning cache, tuned {date})")
+
+    def _new_state(self, at: Autotuner, key: tuple, configs: list) -> KeyState:
+        self._ensure_header()
         state = KeyState(at, key, configs, self.opts.n_warmup, self.opts.n_repeat, kernel_name(at),
                          self.stats.executions)
         self.states[(id(at), key)] = state
@@ -265,6 +298,14 @@ class Session:
                        executions=self.stats.executions, tuning_s=s.tuning_s)
         self.log.summary(f"{self.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
                          f"({len(s.configs)} configs, {failed} failed, {how}, {s.tuning_s:.2f} s)")
+        lookup = self.misses.pop(id(s), None)
+        if lookup is not None and self.cache is not None:
+            path = self.cache.store(lookup, s.configs, winner, reduced.tolist(), per_rank.tolist(), dict(s.failures),
+                                    {"function": self.function, "executions": self.stats.executions,
+                                     "tuning_s": s.tuning_s, "n_warmup": s.n_warmup, "n_repeat": s.n_repeat})
+            if path is not None:
+                self.log.write("cache-store", f"cache-store kernel={s.kernel} key={s.key!r} -> {path}",
+                               kernel=s.kernel, key=list(s.key), path=str(path), id=lookup.id)
 
     def _raise_no_valid_config(self, finishing: list[KeyState], winners: list[int]) -> None:
         # Every rank reaches this with the same broadcast winners, so the extra gather is safe.

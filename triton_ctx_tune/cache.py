@@ -1,0 +1,399 @@
+"""The persistent tuning cache: one JSON file per (kernel, key), looked up and written by rank 0 only.
+
+An entry's id is the SHA-256 of its *identity*: everything that makes a tuned result invalid
+when it changes (kernel name and source, the autotuner's key and reset/restore argument names,
+the tuning key, the pruned configs in order and their hooks, GPU name and count, world size,
+reduction and statistic, Triton and torch versions). A changed identity is a different
+file, so a stale result is never found; the file is still checked against the live configs on
+load, so a tampered file can at worst cause a miss.
+
+JSON only, never pickle: a tampered or corrupted file cannot execute code. Anything wrong with
+a file (truncated, not JSON, wrong shape, unreadable) is a warning and a miss; the key is
+tuned again and the file rewritten.
+
+In a distributed job only the group's rank 0 touches the disk: nodes need not share a file
+system, and ranks cannot disagree about a file they never read. One all_gather per looked-up
+key hands rank 0's hit and winner to every rank and checks that they all asked for the same
+entry. Writes go to a temporary file in the same directory, then os.replace: readers and
+concurrent writers of the same entry only ever see a whole file.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import math
+import os
+import re
+import socket
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from . import __version__
+from .collectives import Collectives
+from .compat import (
+    TRITON_VERSION,
+    Autotuner,
+    Config,
+    autotuner_definition,
+    autotuner_hooks,
+    config_str,
+    config_to_dict,
+    interpret_mode,
+    kernel_name,
+    kernel_source,
+)
+from .errors import CacheWarning, RankMismatchError
+from .fingerprint import callable_digest
+
+FORMAT = "triton_ctx_tune.cache/1"
+EXPORT_FORMAT = "triton_ctx_tune.cache-export/1"
+DEFAULT_CACHE_DIR = "~/.cache/triton_ctx_tune"
+ENTRY_SUFFIX = ".json"
+_MAX_ENTRY_BYTES = 16 * 1024 * 1024  # far above any real entry; a bigger file is not ours
+_IDENTITY_FIELDS = {"format": str, "kernel": str, "source_sha256": str, "autotuner": dict, "key": str, "configs": list,
+                    "hooks": dict, "device": str, "device_count": int, "world": int, "reduce": str, "stat": str,
+                    "triton": str, "torch": str}
+# Left out of what ranks must agree on before a lookup: they are rank 0's facts, and rank 0
+# alone looks the entry up. A job may mix GPU models, and a hook may capture its rank's own
+# values (a rank number, a buffer size) without the ranks tuning different things.
+_PER_RANK_FIELDS = ("device", "device_count", "hooks")
+
+
+def resolve_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The cache directory: the argument, else TRITON_CTX_TUNE_CACHE_DIR, else ~/.cache/triton_ctx_tune."""
+    raw = cache_dir if cache_dir is not None else (os.environ.get("TRITON_CTX_TUNE_CACHE_DIR") or DEFAULT_CACHE_DIR)
+    return Path(os.path.expanduser(os.fspath(raw)))
+
+
+class CacheEntryError(Exception):
+    """One file that is not a usable entry; internal, turned into a CacheWarning or a CacheError."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+# ---- identity ---------------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    """Config values as JSON keeps them; anything else by repr, tagged so it cannot pass for a string."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return {"__repr__": repr(value)}
+
+
+def canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def device_identity() -> tuple[str, int]:
+    """GPU name and count; "cpu" and 0 without CUDA or under the interpreter (kernels run on the host)."""
+    if interpret_mode() or not torch.cuda.is_available():
+        return "cpu", 0
+    return torch.cuda.get_device_name(), torch.cuda.device_count()
+
+
+def identity(at: Autotuner, key: tuple, configs: Sequence[Config], world: int, reduce: str,
+             stat: str) -> dict[str, Any]:
+    device, count = device_identity()
+    return {
+        "format": FORMAT,
+        "kernel": kernel_name(at),
+        "source_sha256": hashlib.sha256(kernel_source(at).encode()).hexdigest(),
+        "autotuner": autotuner_definition(at),
+        "key": repr(key),  # repr keeps 1, 1.0 and True apart, which JSON lists would not
+        "configs": [_jsonable(config_to_dict(c)) for c in configs],
+        # Hooks run inside the timed span: a different hook measured something else.
+        "hooks": {"config_pre_hooks": [callable_digest(c.pre_hook) for c in configs],
+                  "autotuner": [callable_digest(h) for h in autotuner_hooks(at)]},
+        "device": device,
+        "device_count": count,
+        "world": world,
+        "reduce": reduce,
+        "stat": stat,
+        "triton": TRITON_VERSION,
+        "torch": torch.__version__,
+    }
+
+
+def entry_id(ident: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical(ident).encode()).hexdigest()
+
+
+def agreement_digest(ident: dict[str, Any]) -> bytes:
+    shared = {k: v for k, v in ident.items() if k not in _PER_RANK_FIELDS}
+    return hashlib.sha256(canonical(shared).encode()).digest()[:16]
+
+
+def entry_filename(kernel: str, eid: str) -> str:
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', kernel)[:80]}-{eid}{ENTRY_SUFFIX}"
+
+
+# ---- entries ----------------------------------------------------------------------------------
+
+
+def make_entry(ident: dict[str, Any], configs: Sequence[Config], winner: int, reduced: Sequence[Sequence[float]],
+               per_rank: Sequence[Sequence[float]], failures: dict[int, str], tuned: dict[str, Any]) -> dict[str, Any]:
+    """A whole entry. reduced[j] = (stat, q20, q80) in ms; per_rank[r][j] = rank r's stat; failures are rank 0's."""
+    def finite(x: float) -> float | None:
+        return float(x) if math.isfinite(x) else None  # strict JSON has no Infinity
+
+    timings = []
+    for j, config in enumerate(configs):
+        failed_ranks = [r for r, row in enumerate(per_rank) if not math.isfinite(row[j])]
+        failure = failures.get(j)
+        if failure is None and failed_ranks:
+            failure = f"no time on rank(s) {failed_ranks}"
+        timings.append({"config": config_str(config), "ms": finite(reduced[j][0]), "q20": finite(reduced[j][1]),
+                        "q80": finite(reduced[j][2]), "per_rank_ms": [finite(row[j]) for row in per_rank],
+                        "failure": failure, "failed_ranks": failed_ranks})
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return {
+        "format": FORMAT,
+        "id": entry_id(ident),
+        "identity": ident,
+        "winner": {"index": winner, "config": config_str(configs[winner])},
+        "timings": timings,
+        "tuned": {"date": now.isoformat(timespec="seconds"), "host": socket.gethostname(),
+                  "triton_ctx_tune": __version__, **tuned},
+    }
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def entry_problem(entry: Any) -> str | None:
+    """Why `entry` is not a well-formed entry, or None. Checks shape and self-consistency, not freshness."""
+    if not isinstance(entry, dict):
+        return f"expected a JSON object, found {type(entry).__name__}"
+    if entry.get("format") != FORMAT:
+        return f"format is {entry.get('format')!r}, expected {FORMAT!r}"
+    ident = entry.get("identity")
+    if not isinstance(ident, dict):
+        return "'identity' is missing or not an object"
+    for name, kind in _IDENTITY_FIELDS.items():
+        value = ident.get(name)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            return f"identity.{name} is missing or not a {kind.__name__}"
+    if ident["format"] != FORMAT:
+        return f"identity.format is {ident['format']!r}, expected {FORMAT!r}"
+    try:
+        eid = entry_id(ident)
+    except (TypeError, ValueError) as e:
+        return f"identity cannot be hashed ({e})"
+    if entry.get("id") != eid:
+        return "'id' is not the hash of 'identity' (the file was edited)"
+    n = len(ident["configs"])
+    timings = entry.get("timings")
+    if not isinstance(timings, list) or len(timings) != n:
+        return f"'timings' must be a list of {n} items, one per config"
+    for j, t in enumerate(timings):
+        if not isinstance(t, dict) or not isinstance(t.get("config"), str):
+            return f"timings[{j}] must be an object with a 'config' string"
+        for field in ("ms", "q20", "q80"):
+            if t.get(field) is not None and not _is_number(t[field]):
+                return f"timings[{j}].{field} must be a number or null"
+        if not isinstance(t.get("per_rank_ms", []), list) or not all(x is None or _is_number(x)
+                                                                       for x in t.get("per_rank_ms", [])):
+            return f"timings[{j}].per_rank_ms must be a list of numbers or nulls"
+        if not isinstance(t.get("failed_ranks", []), list) or not all(_is_int(x) for x in t.get("failed_ranks", [])):
+            return f"timings[{j}].failed_ranks must be a list of integers"
+        if t.get("failure") is not None and not isinstance(t["failure"], str):
+            return f"timings[{j}].failure must be a string or null"
+    winner = entry.get("winner")
+    if not isinstance(winner, dict) or not _is_int(winner.get("index")) or not isinstance(winner.get("config"), str):
+        return "'winner' must be an object with an integer 'index' and a 'config' string"
+    if not 0 <= winner["index"] < n:
+        return f"winner index {winner['index']} is outside the {n} configs"
+    if winner["config"] != timings[winner["index"]]["config"]:
+        return "the winner's config text differs from its entry in 'timings'"
+    if timings[winner["index"]].get("ms") is None:
+        return "the winner has no time (it failed), so it cannot be the winner"
+    tuned = entry.get("tuned")
+    if not isinstance(tuned, dict) or not isinstance(tuned.get("date"), str):
+        return "'tuned' must be an object with a 'date' string"
+    return None
+
+
+def read_entry(path: Path) -> dict[str, Any]:
+    """A well-formed entry, or CacheEntryError saying what is wrong; a missing file raises FileNotFoundError."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_MAX_ENTRY_BYTES + 1)
+    except (FileNotFoundError, NotADirectoryError):
+        # No entry (a file where the directory should be is the writer's problem, reported there).
+        raise FileNotFoundError(path) from None
+    except OSError as e:
+        raise CacheEntryError(path, f"cannot be read ({e.strerror or e})") from None
+    if len(raw) > _MAX_ENTRY_BYTES:
+        raise CacheEntryError(path, f"is larger than {_MAX_ENTRY_BYTES} bytes, which no entry is")
+    try:
+        entry = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise CacheEntryError(path, f"is not valid JSON, probably truncated or corrupted ({e})") from None
+    problem = entry_problem(entry)
+    if problem is not None:
+        raise CacheEntryError(path, problem)
+    return entry
+
+
+def write_json_atomically(path: Path, data: Any) -> None:
+    """Write to a unique temporary file next to `path`, then rename it over `path` in one step."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a shared cache is read by other users
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_entry(directory: Path, entry: dict[str, Any]) -> Path:
+    path = directory / entry_filename(entry["identity"]["kernel"], entry["id"])
+    write_json_atomically(path, entry)
+    return path
+
+
+def entry_paths(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.name.endswith(ENTRY_SUFFIX) and not p.name.startswith("."))
+
+
+def iter_entries(directory: Path) -> Iterator[tuple[Path, dict[str, Any] | CacheEntryError]]:
+    """Every entry file of the directory with its entry, or the reason it cannot be used."""
+    for path in entry_paths(directory):
+        try:
+            yield path, read_entry(path)
+        except FileNotFoundError:
+            continue  # removed by a concurrent clear
+        except CacheEntryError as e:
+            yield path, e
+
+
+def stale_temp_files(directory: Path) -> list[Path]:
+    """Temporary files left by writers that were killed between write and rename."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp"))
+
+
+# ---- the session's view -----------------------------------------------------------------------
+
+
+@dataclass
+class Lookup:
+    identity: dict[str, Any]
+    id: str
+    path: Path
+    hit: bool
+    winner: int  # -1 on a miss
+    entry: dict[str, Any] | None  # the entry as read, on the rank that read it
+
+
+class TuningCache:
+    """Lookups and stores for one tuning call."""
+
+    def __init__(self, directory: Path, retune: bool, comm: Collectives, reduce: str, stat: str) -> None:
+        self.directory = directory
+        self.retune = retune
+        self.comm = comm
+        self.reduce = reduce
+        self.stat = stat
+
+    @property
+    def reads_and_writes(self) -> bool:
+        return self.comm.rank == 0
+
+    def lookup(self, at: Autotuner, key: tuple, configs: Sequence[Config]) -> Lookup:
+        """Rank 0's answer for (kernel, key), on every rank; RankMismatchError if ranks asked for different entries."""
+        ident = identity(at, key, configs, self.comm.world, self.reduce, self.stat)
+        eid = entry_id(ident)
+        path = self.directory / entry_filename(ident["kernel"], eid)
+        entry = self._load(path, ident, configs) if self.reads_and_writes and not self.retune else None
+        hit, winner = entry is not None, entry["winner"]["index"] if entry is not None else -1
+        if self.comm.active:
+            digest = torch.frombuffer(bytearray(agreement_digest(ident)), dtype=torch.int64)
+            row = torch.cat([digest, torch.tensor([int(hit), winner], dtype=torch.int64)])
+            rows = self.comm.all_gather(row, "look up the tuning cache")  # [world, 4]
+            if not bool((rows[:, :2] == rows[0, :2]).all()):
+                self._raise_mismatch(ident)
+            hit, winner = bool(rows[0, 2]), int(rows[0, 3])
+        return Lookup(ident, eid, path, hit, winner, entry)
+
+    def _load(self, path: Path, ident: dict[str, Any], configs: Sequence[Config]) -> dict[str, Any] | None:
+        try:
+            entry = read_entry(path)
+        except FileNotFoundError:
+            return None
+        except CacheEntryError as e:
+            _warn_ignored(path, e.reason)
+            return None
+        if canonical(entry["identity"]) != canonical(ident):
+            _warn_ignored(path, "its identity is not the one its file name promises (the file was edited or renamed)")
+            return None
+        winner = entry["winner"]
+        if winner["config"] != config_str(configs[winner["index"]]):
+            _warn_ignored(path, f"its winner {{{winner['config']}}} is not config #{winner['index']} of the current "
+                          f"configs {{{config_str(configs[winner['index']])}}}")
+            return None
+        return entry
+
+    def _raise_mismatch(self, ident: dict[str, Any]) -> None:
+        # Every rank saw the same gathered rows, so every rank reaches this second gather.
+        mine = (f"cache lookup of {ident['kernel']} key={ident['key']} source={ident['source_sha256'][:12]} "
+                f"world={ident['world']} reduce={ident['reduce']} stat={ident['stat']} "
+                f"triton={ident['triton']} torch={ident['torch']} autotuner={canonical(ident['autotuner'])} "
+                f"configs=[{'; '.join(canonical(c) for c in ident['configs'])}]")
+        everyone = self.comm.all_gather_bytes(mine.encode(), "describe the cache lookup disagreement")
+        groups: dict[bytes, list[int]] = {}
+        for rank, text in enumerate(everyone):
+            groups.setdefault(text, []).append(rank)
+        raise RankMismatchError("\n".join(f"  ranks {ranks}: {text.decode()}" for text, ranks in groups.items()))
+
+    def store(self, lookup: Lookup, configs: Sequence[Config], winner: int, reduced: Sequence[Sequence[float]],
+              per_rank: Sequence[Sequence[float]], failures: dict[int, str], tuned: dict[str, Any]) -> Path | None:
+        """Rank 0 writes the decided key; a write that fails is a warning, never an error of the tuning call."""
+        if not self.reads_and_writes:
+            return None
+        entry = make_entry(lookup.identity, configs, winner, reduced, per_rank, failures, tuned)
+        try:
+            return write_entry(self.directory, entry)
+        except OSError as e:
+            warnings.warn(f"triton_ctx_tune: could not write the tuning cache entry {lookup.path} ({e}); the result "
+                          "is kept for this process only. Fix: make the directory writable, point "
+                          "TRITON_CTX_TUNE_CACHE_DIR elsewhere, or disable the cache with TRITON_CTX_TUNE_CACHE=0.",
+                          CacheWarning, stacklevel=2)
+            return None
+
+
+def _warn_ignored(path: Path, reason: str) -> None:
+    warnings.warn(f"triton_ctx_tune: ignoring the tuning cache entry {path}: {reason}. The key is tuned again "
+                  "and the entry rewritten.", CacheWarning, stacklevel=3)
