@@ -524,3 +524,18 @@ def test_other_world_size_misses(three_jobs, tmp_path):
     assert op.calls["n"] == 10 and op.last_call.cache_hits == 0
     assert sorted(strict_json(p)["identity"]["world"] for p in entries(cache)) == [1, 1, 2, 2]
 
+
+def test_report_on_two_rank_logs_shows_the_spread_over_ranks(three_jobs, capsys):
+    from triton_ctx_tune.cli import main
+
+    assert main(["report", str(three_jobs["base"] / "cold" / "logs")]) == 0
+    out = capsys.readouterr().out
+    assert "(ranks 0, 1)" in out
+    assert out.count("chosen     #1 {BLOCK=32, num_warps=4, num_stages=3}") == 2
+    assert "(median, max over 2 ranks)" in out
+    assert out.count("runner-up  #0 {BLOCK=16, num_warps=4, num_stages=3}") == 2
+    assert out.count("per rank   winner: rank 0 ") == 2 and ", rank 1 " in out and "spread" in out
+    assert out.count("decided after 9 executions") == 2
+    assert main(["report", str(three_jobs["base"] / "warm" / "logs")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("[from the tuning cache, tuned ") == 2 and "none in this run (cache hit)" in out

@@ -69,3 +69,15 @@ class CollectiveTimeoutError(CtxTuneError):
 class CacheWarning(UserWarning):
     """A tuning-cache entry could not be read, used or written; the key is tuned instead."""
 
+
+class CacheError(CtxTuneError):
+    """A cache command could not do what was asked (an import file with bad entries, a missing file)."""
+
+
+class MissingDependencyError(CtxTuneError, ImportError):
+    """An optional feature needs a package that is not installed."""
+
+    def __init__(self, feature: str, package: str, extra: str) -> None:
+        super().__init__(f"{feature} needs {package}, which is not installed. "
+                         f"Fix: pip install {package} (or pip install 'triton_ctx_tune[{extra}]').")
+        self.package = package

@@ -1,0 +1,242 @@
+"""`python -m triton_ctx_tune`: read tuning logs back, and inspect or move the persistent tuning cache."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import cache as C
+from . import report as R
+from .errors import CacheError, CtxTuneError
+from .logs import DEFAULT_LOG_DIR
+
+_DESCRIPTION = "Inspect what triton_ctx_tune chose and why, and manage its persistent tuning cache."
+_SELECTORS = ("entries to act on: a kernel name, an entry id or a prefix of one (4+ characters), or a file "
+              "name; none means every entry")
+
+
+def _default_log_dir() -> str:
+    return os.environ.get("TRITON_CTX_TUNE_LOG_DIR") or DEFAULT_LOG_DIR
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m triton_ctx_tune", description=_DESCRIPTION)
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="{report,cache}")
+
+    rep = verbs.add_parser("report", help="what each (kernel, key) chose and why, from the per-rank logs",
+                           description="Read the per-rank rank-*.jsonl logs and print, per kernel and key: the "
+                           "chosen config and its reduced time, the runner-up and the margin, the spread of the "
+                           "winner's time over ranks, failed configs and why, executions and tuning time.")
+    rep.add_argument("log_dir", nargs="?", default=None, metavar="LOG_DIR",
+                     help=f"the job's log directory (default: TRITON_CTX_TUNE_LOG_DIR or {DEFAULT_LOG_DIR})")
+    rep.add_argument("--plot", metavar="OUT.png", type=Path,
+                     help="also draw per-config latency bars per (kernel, key), the winner highlighted "
+                     "(needs matplotlib)")
+    rep.set_defaults(run=_report)
+
+    cache = verbs.add_parser("cache", help="list, show, clear, export or import tuned results",
+                             description="The persistent tuning cache: one JSON file per (kernel, key). Export "
+                             "writes them all into one file that import loads on another machine, so a cluster "
+                             "can use results tuned once elsewhere (they hit only where GPU, world size, versions, "
+                             "kernel source and configs match).")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache-dir", type=Path, default=None,
+                        help=f"the cache directory (default: TRITON_CTX_TUNE_CACHE_DIR or {C.DEFAULT_CACHE_DIR})")
+    actions = cache.add_subparsers(dest="action", required=True, metavar="{list,show,clear,export,import}")
+    p = actions.add_parser("list", parents=[common], help="one line per entry",
+                           description="One line per entry: kernel, key, winner, its time, world size, GPU, date.")
+    p.set_defaults(run=_cache_list)
+    p = actions.add_parser("show", parents=[common], help="every detail of some entries",
+                           description="Identity, winner and per-config timings of the selected entries.")
+    p.add_argument("select", nargs="*", metavar="SELECTOR", help=_SELECTORS)
+    p.set_defaults(run=_cache_show)
+    p = actions.add_parser("clear", parents=[common], help="delete entries",
+                           description="Delete the selected entries (all of them, and leftover temporary "
+                           "files, when no selector is given).")
+    p.add_argument("select", nargs="*", metavar="SELECTOR", help=_SELECTORS)
+    p.set_defaults(run=_cache_clear)
+    p = actions.add_parser("export", parents=[common], help="write entries into one JSON file",
+                           description="Write the selected valid entries into one JSON file for `cache import`.")
+    p.add_argument("file", type=Path, metavar="FILE")
+    p.add_argument("select", nargs="*", metavar="SELECTOR", help=_SELECTORS)
+    p.set_defaults(run=_cache_export)
+    p = actions.add_parser("import", parents=[common], help="load entries from an exported file",
+                           description="Validate every entry of FILE (an export, or a single entry file) and "
+                           "write them into the cache, each atomically. Nothing is written if any entry is invalid.")
+    p.add_argument("file", type=Path, metavar="FILE")
+    p.set_defaults(run=_cache_import)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.run(args)
+    except CtxTuneError as e:
+        print(f"triton_ctx_tune: error: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `... | head` closed the pipe: not an error of ours
+        return 0
+    return 0
+
+
+# ---- report -----------------------------------------------------------------------------------
+
+
+def _report(args: argparse.Namespace) -> None:
+    report = R.build(Path(args.log_dir or _default_log_dir()))
+    sys.stdout.write(R.format_report(report))
+    if args.plot is not None:
+        path = R.plot(report, args.plot)
+        print(f"plot written to {path}")
+
+
+# ---- cache ------------------------------------------------------------------------------------
+
+
+def _dir(args: argparse.Namespace) -> Path:
+    return C.resolve_dir(args.cache_dir)
+
+
+def _matches(path: Path, entry: dict[str, Any] | None, selectors: Sequence[str]) -> bool:
+    if not selectors:
+        return True
+    for s in selectors:
+        if s == path.name or (entry is not None and (
+                s == entry["identity"]["kernel"] or (len(s) >= 4 and entry["id"].startswith(s)))):
+            return True
+    return False
+
+
+def _selected(directory: Path, selectors: Sequence[str]) -> list[tuple[Path, dict[str, Any] | C.CacheEntryError]]:
+    rows = [(p, e) for p, e in C.iter_entries(directory)
+            if _matches(p, e if isinstance(e, dict) else None, selectors)]
+    if selectors and not rows:
+        raise CacheError(f"no entry in {directory} matches {' '.join(selectors)}. "
+                         "Fix: run `python -m triton_ctx_tune cache list` to see kernel names and ids.")
+    return rows
+
+
+def _winner_ms(entry: dict[str, Any]) -> float:
+    return entry["timings"][entry["winner"]["index"]]["ms"]
+
+
+def _cache_list(args: argparse.Namespace) -> None:
+    directory = _dir(args)
+    rows = list(C.iter_entries(directory))
+    valid = [(p, e) for p, e in rows if isinstance(e, dict)]
+    print(f"{directory}: {len(valid)} entr{'y' if len(valid) == 1 else 'ies'}"
+          + (f", {len(rows) - len(valid)} invalid" if len(rows) != len(valid) else ""))
+    if valid:
+        print(f"{'id':<12}  {'kernel':<20} {'key':<28} {'ms':>10} {'world':>5}  {'device':<12} {'tuned':<25}  winner")
+    for _, e in valid:
+        ident = e["identity"]  # type: ignore[index]
+        device = ident["device"] + (f" x{ident['device_count']}" if ident["device_count"] else "")
+        print(f"{e['id'][:12]:<12}  {ident['kernel']:<20} {ident['key']:<28} {_winner_ms(e):>10.4f} "  # type: ignore[index]
+              f"{ident['world']:>5}  {device:<12} {e['tuned']['date']:<25}  {e['winner']['config']}")  # type: ignore[index]
+    for p, e in rows:
+        if not isinstance(e, dict):
+            print(f"INVALID {p}: {e.reason} (ignored when tuning; `cache clear {p.name}` removes it)")
+
+
+def _cache_show(args: argparse.Namespace) -> None:
+    rows = _selected(_dir(args), args.select)
+    for path, e in rows:
+        print(path)
+        if not isinstance(e, dict):
+            print(f"  INVALID: {e.reason}\n")
+            continue
+        ident, tuned = e["identity"], e["tuned"]
+        print(f"  id         {e['id']}")
+        print(f"  kernel     {ident['kernel']} (source sha256 {ident['source_sha256'][:16]})")
+        print(f"  key        {ident['key']}")
+        device = ident["device"] + (f" x{ident['device_count']}" if ident["device_count"] else "")
+        print(f"  valid for  {device}, world {ident['world']}, reduce {ident['reduce']}, stat {ident['stat']}, "
+              f"triton {ident['triton']}, torch {ident['torch']}, these {len(ident['configs'])} configs in order")
+        extra = ", ".join(f"{k}={tuned[k]}" for k in ("function", "host", "n_warmup", "n_repeat") if k in tuned)
+        print(f"  tuned      {tuned['date']}" + (f" ({extra})" if extra else ""))
+        print("\n".join(R.format_key(R.from_entry(e), from_log=False)[1:]))
+        print()
+
+
+def _cache_clear(args: argparse.Namespace) -> None:
+    directory = _dir(args)
+    rows = _selected(directory, args.select)
+    removed = 0
+    for path, _ in rows:
+        try:
+            path.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass  # a concurrent clear got there first
+    temps = 0
+    if not args.select:
+        for path in C.stale_temp_files(directory):
+            try:
+                path.unlink()
+                temps += 1
+            except FileNotFoundError:
+                pass
+    print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} from {directory}"
+          + (f" and {temps} leftover temporary files" if temps else ""))
+
+
+def _cache_export(args: argparse.Namespace) -> None:
+    directory = _dir(args)
+    entries = []
+    for path, e in _selected(directory, args.select):
+        if isinstance(e, dict):
+            entries.append(e)
+        else:
+            print(f"skipped invalid entry {path}: {e.reason}", file=sys.stderr)
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    C.write_json_atomically(args.file, {"format": C.EXPORT_FORMAT, "exported": now, "source": str(directory),
+                                        "entries": entries})
+    print(f"exported {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} from {directory} to {args.file}")
+
+
+def load_import_file(path: Path) -> list[dict[str, Any]]:
+    """The entries of an export file (or of one entry file), every one validated, or CacheError naming the bad ones."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CacheError(f"{path} does not exist. Fix: pass the file that `cache export FILE` wrote.") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise CacheError(f"{path} is not a readable JSON file ({e}). Fix: export it again with "
+                         "`python -m triton_ctx_tune cache export FILE` and copy it whole.") from None
+    if isinstance(data, dict) and data.get("format") == C.FORMAT:
+        entries: Any = [data]
+    elif isinstance(data, dict) and data.get("format") == C.EXPORT_FORMAT:
+        entries = data.get("entries")
+    else:
+        raise CacheError(f"{path} is neither a cache export ({C.EXPORT_FORMAT}) nor a cache entry ({C.FORMAT}). "
+                         "Fix: pass a file written by `python -m triton_ctx_tune cache export FILE`.")
+    if not isinstance(entries, list):
+        raise CacheError(f"{path}: 'entries' must be a list. Fix: export the file again.")
+    bad = []
+    for i, entry in enumerate(entries):
+        problem = C.entry_problem(entry)
+        if problem is not None:
+            ident = entry.get("identity") if isinstance(entry, dict) else None
+            what = (f" ({ident.get('kernel')} key={ident.get('key')})" if isinstance(ident, dict) else "")
+            bad.append(f"  entry #{i}{what}: {problem}")
+    if bad:
+        raise CacheError(f"{path}: {len(bad)} of {len(entries)} entries are invalid, so nothing was imported:\n"
+                         + "\n".join(bad) + "\nFix: export the file again from a good cache, or remove those entries.")
+    return entries
+
+
+def _cache_import(args: argparse.Namespace) -> None:
+    directory = _dir(args)
+    entries = load_import_file(args.file)
+    replaced = 0
+    for entry in entries:
+        target = directory / C.entry_filename(entry["identity"]["kernel"], entry["id"])
+        replaced += target.exists()
+        C.write_entry(directory, entry)
+    print(f"imported {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} into {directory}"
+          + (f" ({replaced} replaced existing ones)" if replaced else ""))

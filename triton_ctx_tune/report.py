@@ -1,0 +1,331 @@
+"""What was chosen and why, read back from the per-rank JSONL logs (see logs.py and session.py).
+
+The events used: "call" (a tuning call starts), "decision" (a key is decided; its per_rank
+matrix is the same on every rank, its local_failures are the writer's own), "cache-hit" (a
+winner read from the persistent cache; rank 0's event carries the whole entry), "error" (no
+valid config) and "end". Logs are appended to across runs, so the latest event of a key wins.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import CtxTuneError, MissingDependencyError
+
+_RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")
+
+
+@dataclass
+class KeyReport:
+    kernel: str
+    key: str
+    function: str | None
+    source: str  # "tuned", "cache" or "error"
+    configs: list[str] = field(default_factory=list)
+    winner: int | None = None
+    ms: list[float | None] = field(default_factory=list)  # reduced statistic per config; None: failed
+    q20: list[float | None] = field(default_factory=list)
+    q80: list[float | None] = field(default_factory=list)
+    per_rank: list[list[float | None]] = field(default_factory=list)  # [rank][config]
+    failures: dict[int, dict[str, str]] = field(default_factory=dict)  # config -> {who: reason}
+    stat: str = "median"
+    reduce: str = "max"
+    world: int = 1
+    executions: int | None = None
+    tuning_s: float | None = None
+    date: str | None = None
+    occurrences: int = 0
+    error: dict[str, list[str]] | None = None  # config text -> reasons, when no config was valid
+
+
+@dataclass
+class CallReport:
+    function: str
+    world: int = 1
+    device: str = "?"
+    timer: str = "?"
+    calls: int = 0
+    executions: int = 0
+    wall_s: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    log_dir: Path
+    ranks: list[int]
+    calls: dict[str, CallReport]
+    keys: dict[tuple[str, str], KeyReport]
+    problems: list[str]
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def read_events(log_dir: Path) -> tuple[dict[int, list[dict[str, Any]]], list[str]]:
+    """Every rank's events in file order, and the lines that could not be read (a killed job leaves half a line)."""
+    if not log_dir.is_dir():
+        raise CtxTuneError(f"no log directory {log_dir}. Fix: pass the log_dir the job used, or set "
+                           "TRITON_CTX_TUNE_LOG_DIR (the default is ./.autotune_logs in the job's working directory).")
+    events: dict[int, list[dict[str, Any]]] = {}
+    problems: list[str] = []
+    for path in sorted(log_dir.iterdir()):
+        m = _RANK_FILE.match(path.name)
+        if not m:
+            continue
+        rows = events[int(m.group(1))] = []
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                problems.append(f"{path.name} line {n}: not JSON, skipped")
+                continue
+            if isinstance(row, dict) and isinstance(row.get("event"), str):
+                rows.append(row)
+    if not events:
+        raise CtxTuneError(f"no rank-*.jsonl files in {log_dir}: nothing was tuned with logging there. "
+                           "Fix: pass the log_dir the job used (log_dir=False turns logs off).")
+    return dict(sorted(events.items())), problems
+
+
+def _from_decision(e: dict[str, Any], function: str | None) -> KeyReport:
+    r = KeyReport(e["kernel"], repr(tuple(e["key"])), function, "tuned", list(e["configs"]), int(e["winner"]))
+    r.ms = [_finite(x) for x in e["reduced"]]
+    r.q20 = [_finite(x) for x in e.get("reduced_q20", [])]
+    r.q80 = [_finite(x) for x in e.get("reduced_q80", [])]
+    r.per_rank = [[_finite(x) for x in row] for row in e.get("per_rank", [])]
+    r.stat, r.reduce, r.world = e.get("stat", "median"), e.get("reduce", "max"), int(e.get("world", 1))
+    r.executions, r.tuning_s = e.get("executions"), e.get("tuning_s")
+    return r
+
+
+def _from_cache_hit(e: dict[str, Any], function: str | None) -> KeyReport:
+    r = KeyReport(e["kernel"], repr(tuple(e["key"])), function, "cache", list(e["configs"]), int(e["winner"]))
+    if isinstance(e.get("entry"), dict):  # rank 0's event: the whole entry, timings included
+        add_entry(r, e["entry"])
+    return r
+
+
+def from_entry(entry: dict[str, Any]) -> KeyReport:
+    """A cache entry (already validated) as a report of its key."""
+    ident = entry["identity"]
+    r = KeyReport(ident["kernel"], ident["key"], entry["tuned"].get("function"), "cache",
+                  [t["config"] for t in entry["timings"]], entry["winner"]["index"])
+    add_entry(r, entry)
+    return r
+
+
+def add_entry(r: KeyReport, entry: dict[str, Any]) -> None:
+    """Timings, failures and tuning facts of a cache entry (the entry of a cache-hit event, or a file)."""
+    timings = entry.get("timings", [])
+    r.ms = [_finite(t.get("ms")) for t in timings]
+    r.q20 = [_finite(t.get("q20")) for t in timings]
+    r.q80 = [_finite(t.get("q80")) for t in timings]
+    width = max((len(t.get("per_rank_ms", [])) for t in timings), default=0)
+    r.per_rank = [[_finite(t["per_rank_ms"][rank]) if rank < len(t.get("per_rank_ms", [])) else None
+                   for t in timings] for rank in range(width)]
+    for j, t in enumerate(timings):
+        if t.get("failure"):
+            failed = t.get("failed_ranks") or [0]
+            who = f"rank {failed[0]}" if len(failed) == 1 else f"ranks {failed}"
+            r.failures.setdefault(j, {})[who] = t["failure"]
+    ident = entry.get("identity", {})
+    tuned = entry.get("tuned", {})
+    r.stat, r.reduce, r.world = ident.get("stat", "median"), ident.get("reduce", "max"), ident.get("world", 1)
+    r.executions, r.tuning_s, r.date = tuned.get("executions"), tuned.get("tuning_s"), tuned.get("date")
+
+
+def build(log_dir: Path) -> Report:
+    events, problems = read_events(log_dir)
+    ranks = list(events)
+    calls: dict[str, CallReport] = {}
+    keys: dict[tuple[str, str], KeyReport] = {}
+    # The lowest rank present tells the story (its cache-hit events carry the entries); the other
+    # ranks add their own failure reasons, which only they know.
+    primary = ranks[0]
+    function: str | None = None
+    for e in events[primary]:
+        kind = e["event"]
+        try:
+            if kind == "call":
+                function = e.get("function")
+                c = calls.setdefault(function or "?", CallReport(function or "?"))
+                c.world, c.device, c.timer = e.get("world", 1), e.get("device", "?"), e.get("timer", "?")
+                c.calls += 1
+            elif kind == "end":
+                c = calls.setdefault(e.get("function") or "?", CallReport(e.get("function") or "?"))
+                c.executions += int(e.get("executions", 0))
+                c.wall_s += float(e.get("wall_s", 0.0))
+                if e.get("error"):
+                    c.errors.append(str(e["error"]))
+            elif kind in ("decision", "cache-hit", "error"):
+                if kind == "decision":
+                    r = _from_decision(e, function)
+                elif kind == "cache-hit":
+                    r = _from_cache_hit(e, function)
+                else:
+                    r = KeyReport(e["kernel"], repr(tuple(e["key"])), function, "error",
+                                  error=dict(e.get("failures", {})))
+                previous = keys.get((r.kernel, r.key))
+                r.occurrences = 1 + (previous.occurrences if previous else 0)
+                keys[(r.kernel, r.key)] = r
+        except (KeyError, TypeError, ValueError) as err:
+            problems.append(f"rank-{primary}.jsonl: a {kind} event is missing fields ({err!r}), skipped")
+    for rank, rows in events.items():
+        last: dict[tuple[str, str], dict[str, Any]] = {}
+        for e in rows:
+            if e["event"] == "decision" and "kernel" in e and "key" in e:
+                last[(e["kernel"], repr(tuple(e["key"])))] = e
+        for ident, e in last.items():
+            r = keys.get(ident)
+            if r is None or r.source != "tuned":
+                continue
+            for j, reason in (e.get("local_failures") or {}).items():
+                r.failures.setdefault(int(j), {})[f"rank {rank}"] = reason
+    for r in keys.values():
+        for j in range(len(r.configs)):
+            failed = [rank for rank, row in enumerate(r.per_rank) if j < len(row) and row[j] is None]
+            if failed and j not in r.failures:
+                r.failures[j] = {f"ranks {failed}": "no time (its rank's log has no reason)"}
+    return Report(log_dir, ranks, calls, keys, problems)
+
+
+# ---- text -------------------------------------------------------------------------------------
+
+
+def _ms(x: float | None) -> str:
+    return "failed" if x is None else f"{x:.4f}"
+
+
+def _runner_up(r: KeyReport) -> int | None:
+    ranked = sorted((t, j) for j, t in enumerate(r.ms) if t is not None and j != r.winner)
+    return ranked[0][1] if ranked else None
+
+
+def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
+    """The lines of one key; from_log=False words a cache entry on its own (no run to speak of)."""
+    where = f" in {r.function}" if r.function else ""
+    times = "" if r.occurrences <= 1 else f" ({r.occurrences} occurrences in these logs; the latest is shown)"
+    lines = [f"{r.kernel}  key={r.key}{where}{times}"]
+    if r.source == "error":
+        lines.append("  ERROR      no valid config: every config failed")
+        for config, reasons in (r.error or {}).items():
+            lines.append(f"    {{{config}}}: " + "; ".join(reasons))
+        return lines
+    assert r.winner is not None
+    how = f"{r.stat}, {r.reduce} over {r.world} ranks" if r.world > 1 else f"{r.stat}, 1 rank"
+    best = r.ms[r.winner] if r.winner < len(r.ms) else None
+    origin = f"  [from the tuning cache, tuned {r.date or 'earlier'}]" if r.source == "cache" and from_log else ""
+    lines.append(f"  chosen     #{r.winner} {{{r.configs[r.winner]}}}  "
+                 f"{'-' if best is None else f'{best:.4f} ms'} ({how}){origin}")
+    up = _runner_up(r)
+    if up is not None and best is not None:
+        margin = r.ms[up] - best  # type: ignore[operator]
+        pct = f", +{100 * margin / best:.1f}%" if best > 0 else ""
+        lines.append(f"  runner-up  #{up} {{{r.configs[up]}}}  {r.ms[up]:.4f} ms  (+{margin:.4f} ms{pct} slower)")
+    elif r.ms:
+        lines.append("  runner-up  none (no other config has a time)")
+    winner_times = [(rank, row[r.winner]) for rank, row in enumerate(r.per_rank) if r.winner < len(row)]
+    finite = [t for _, t in winner_times if t is not None]
+    if len(finite) > 1:
+        spread = max(finite) - min(finite)
+        per = ", ".join(f"rank {rank} failed" if t is None else f"rank {rank} {t:.4f} ms" for rank, t in winner_times)
+        lines.append(f"  per rank   winner: {per}; spread {spread:.4f} ms ({100 * spread / max(finite):.1f}%)")
+    elif finite:
+        lines.append(f"  per rank   winner: rank 0 {finite[0]:.4f} ms (one rank)")
+    if r.failures:
+        first = True
+        for j in sorted(r.failures):
+            for who, reason in r.failures[j].items():
+                label = "failures  " if first else "          "
+                lines.append(f"  {label} #{j} {{{r.configs[j] if j < len(r.configs) else '?'}}}: {who}: {reason}")
+                first = False
+    else:
+        lines.append("  failures   none")
+    original = (f"{r.executions} executions, {r.tuning_s or 0.0:.2f} s" if r.executions is not None
+                else "unknown")
+    if r.source == "tuned":
+        lines.append(f"  tuning     decided after {original}")
+    elif from_log:
+        lines.append(f"  tuning     none in this run (cache hit); the original tuning took {original}")
+    else:
+        lines.append(f"  tuning     took {original}")
+    if r.ms:
+        lines.append(f"  {'configs':<10}{'ms':>10}  {'q20..q80':>19}"
+                     + "".join(f"  {f'rank {k}':>10}" for k in range(len(r.per_rank))) + "  config")
+        for j, config in enumerate(r.configs):
+            mark = "*" if j == r.winner else " "
+            q = (f"{r.q20[j]:.3f}..{r.q80[j]:.3f}" if j < len(r.q20) and r.q20[j] is not None
+                 and j < len(r.q80) and r.q80[j] is not None else "-")
+            ranks = "".join(f"  {_ms(row[j]) if j < len(row) else '-':>10}" for row in r.per_rank)
+            lines.append(f"    {mark} #{j:<3}  {_ms(r.ms[j] if j < len(r.ms) else None):>10}  {q:>19}{ranks}  {config}")
+    return lines
+
+
+def format_report(report: Report) -> str:
+    out = [f"triton_ctx_tune report: {report.log_dir} (ranks {', '.join(map(str, report.ranks))})", ""]
+    if report.calls:
+        out.append(f"  {'function':<40} {'calls':>5} {'executions':>10} {'wall s':>8} {'world':>5}  device/timer")
+        for c in report.calls.values():
+            out.append(f"  {c.function:<40} {c.calls:>5} {c.executions:>10} {c.wall_s:>8.2f} {c.world:>5}  "
+                       f"{c.device}/{c.timer}" + (f"  ({len(c.errors)} stopped by an error)" if c.errors else ""))
+        out.append("")
+    if not report.keys:
+        out.append("No key was tuned or read from the cache in these logs.")
+    for r in report.keys.values():
+        out.extend(format_key(r))
+        out.append("")
+    for p in report.problems:
+        out.append(f"note: {p}")
+    return "\n".join(out).rstrip() + "\n"
+
+
+# ---- plot -------------------------------------------------------------------------------------
+
+
+def plot(report: Report, path: Path) -> Path:
+    """Per-config latency bars, one panel per (kernel, key), the winner highlighted."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise MissingDependencyError("report --plot", "matplotlib", "plot") from None
+    matplotlib.use("Agg")  # files only: no display on a cluster node
+    import matplotlib.pyplot as plt
+
+    panels = [r for r in report.keys.values() if r.ms]
+    if not panels:
+        raise CtxTuneError(f"nothing to plot: the logs in {report.log_dir} have no timed decision or cache entry.")
+    heights = [max(1.2, 0.45 * len(r.configs) + 0.9) for r in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, r in zip(axes[:, 0], panels):
+        ys = list(range(len(r.configs)))
+        values = [t if t is not None else 0.0 for t in r.ms]
+        colors = ["tab:orange" if j == r.winner else ("tab:red" if t is None else "tab:blue")
+                  for j, t in enumerate(r.ms)]
+        ax.barh(ys, values, color=colors)
+        if len(r.q20) == len(r.ms) == len(r.q80):
+            lo = [max(0.0, v - q) if q is not None and t is not None else 0.0 for v, q, t in zip(values, r.q20, r.ms)]
+            hi = [max(0.0, q - v) if q is not None and t is not None else 0.0 for v, q, t in zip(values, r.q80, r.ms)]
+            ax.errorbar(values, ys, xerr=[lo, hi], fmt="none", ecolor="black", capsize=3, linewidth=1)
+        for y, t in zip(ys, r.ms):
+            ax.text(0 if t is None else t, y, " failed" if t is None else f" {t:.3f}", va="center", fontsize=8)
+        ax.set_yticks(ys)
+        ax.set_yticklabels([f"#{j} {c}" + (" (winner)" if j == r.winner else "") for j, c in enumerate(r.configs)],
+                           fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel(f"ms ({r.stat}, {r.reduce} over {r.world} ranks)" if r.world > 1 else f"ms ({r.stat}, 1 rank)")
+        source = " [cache]" if r.source == "cache" else ""
+        ax.set_title(f"{r.kernel} key={r.key}{source}", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
