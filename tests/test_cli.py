@@ -1,10 +1,14 @@
-"""`python -m triton_ctx_tune`: report and cache verbs on the logs and cache of real tuning runs."""
+"""`python -m triton_ctx_tune`: report and cache verbs on the logs and cache of real tuning runs; the progress line."""
 from __future__ import annotations
 
+import errno
 import json
+import os
+import pty
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -258,3 +262,62 @@ def test_module_entry_point(tuned):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "invalid choice: 'frobnicate'" in proc.stderr
 
+
+# ---- progress line --------------------------------------------------------------------------------
+
+_PROGRESS_SCRIPT = textwrap.dedent("""
+    import torch
+    from tests import kernels as K
+    from tests.kernels import grid
+    from triton_ctx_tune import contextual_autotune
+
+    @contextual_autotune(n_warmup=1, n_repeat=2, quiet=False, cache=False, log_dir=False)
+    def op(x):
+        h = x.clone()
+        K.double_[grid(h.numel())](h, h.numel())
+        return h
+
+    op(torch.arange(96, dtype=torch.float32))
+    """)
+
+
+def test_progress_line_on_a_terminal():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_CTX_TUNE_QUIET"}
+    env.update(TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", _PROGRESS_SCRIPT], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=follower)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError as e:  # EIO: the child closed the terminal
+            assert e.errno == errno.EIO
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0
+    tty = b"".join(chunks).decode()
+    for step in range(1, 10):
+        assert f"\r[triton_ctx_tune] tuning op: step {step}/10, " in tty, tty
+    assert "s elapsed, ~" in tty and "s left" in tty
+    # The decision's summary starts on a cleared line, not after the progress text.
+    summary = tty.index("[triton_ctx_tune] op: double_ key=(96, 'torch.float32') -> {BLOCK=32")
+    assert tty[summary - 2:summary] == " \r"
+    assert tty.endswith(" \r") and tty.rstrip(" \r").endswith("s left")  # erased when the call returned
+
+
+def test_no_progress_line_off_a_terminal(capfd):
+    @contextual_autotune(quiet=False, cache=False, **FAST)
+    def op(x: torch.Tensor):
+        h = x.clone()
+        K.double_[grid(h.numel())](h, h.numel())
+        return h
+
+    op(ramp(96))
+    err = capfd.readouterr().err
+    assert "op: double_ key=(96, 'torch.float32') -> {BLOCK=32" in err  # the summary line, as always
+    assert "\r" not in err and "step 1/" not in err

@@ -26,6 +26,7 @@ from .errors import CtxTuneError, EmptyConfigSpaceError, NoValidConfigError, Ran
 from .logs import RankLog, fmt_ms
 from .options import TuneOptions
 from .patch import current_handler, original_run
+from .progress import Progress, steps_left
 from .state import KeyState, Slot, SlotRecord, pick_winner
 from .timing import make_timer
 
@@ -61,6 +62,8 @@ class Session:
         self.cache = None if cache_dir is None else TuningCache(cache_dir, opts.resolved_retune(), self.comm,
                                                                  opts.reduce, opts.stat)
         self.misses: dict[int, Lookup] = {}  # id(state) -> its cache miss, stored once the state is decided
+        self.progress = Progress.on_terminal(function, self.comm.global_rank, opts.resolved_quiet())
+        self._slot_marks: dict[int, int] = {}
         self.states: dict[tuple[int, tuple], KeyState] = {}
         self.new_states: list[KeyState] = []
         self.tuning_launches = 0
@@ -75,6 +78,7 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         current_handler.reset(self._token)
+        self.progress.clear()
         self.stats.wall_s = time.perf_counter() - self._started
         if self._logged_header:
             self.log.write("end", f"=== {self.function}: {self.stats.executions} executions, "
@@ -139,6 +143,7 @@ class Session:
                        kernel=kernel_name(at), key=list(key), winner=lookup.winner, winner_config=config_str(best),
                        configs=[config_str(c) for c in configs], path=str(lookup.path), id=lookup.id,
                        entry=entry)
+        self.progress.clear()
         self.log.summary(f"{self.function}: {kernel_name(at)} key={key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
                          f"(from the tuning cache, tuned {date})")
 
@@ -195,6 +200,7 @@ class Session:
     def begin_step(self) -> None:
         self.tuning_launches = 0
         self.new_states = []
+        self._slot_marks = {id(s): s.next_slot for s in self.states.values() if not s.decided}
 
     def end_step(self) -> bool:
         """Close one execution; True when it ran every kernel with its final config."""
@@ -219,10 +225,14 @@ class Session:
         self.timer.sync()
         self._log_slots()
         if finishing:
+            self.progress.clear()  # the decisions print summary lines
             self._decide(finishing)
         if all(s.decided for s in self.states.values()):
             for s in self.states.values():
                 s.reset_pending = True  # the next execution is the final one
+        left = steps_left((s.total_slots - s.next_slot, s.next_slot - self._slot_marks.get(id(s), 0))
+                          for s in self.states.values() if not s.decided)
+        self.progress.update(self.stats.executions, self.stats.executions + left)
         return False
 
     def _check_agreement(self, finishing: list[KeyState]) -> None:
