@@ -9,6 +9,7 @@ from the first launch, on every rank.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -28,7 +29,7 @@ from .options import TuneOptions
 from .patch import current_handler, original_run
 from .progress import Progress, steps_left
 from .state import KeyState, Slot, SlotRecord, pick_winner
-from .timing import make_timer
+from .timing import CudaEventTimer, HostTimer, make_timer
 
 
 @dataclass
@@ -55,14 +56,7 @@ class Session:
     def __init__(self, function: str, opts: TuneOptions) -> None:
         self.function = function
         self.opts = opts
-        self.comm = Collectives(opts.is_dist, opts.group, opts.resolved_timeout())
-        self.timer = make_timer(opts.flush_l2)
-        self.log = RankLog(opts.resolved_log_dir(), self.comm.global_rank, opts.resolved_quiet())
-        cache_dir = opts.resolved_cache_dir()
-        self.cache = None if cache_dir is None else TuningCache(cache_dir, opts.resolved_retune(), self.comm,
-                                                                 opts.reduce, opts.stat)
         self.misses: dict[int, Lookup] = {}  # id(state) -> its cache miss, stored once the state is decided
-        self.progress = Progress.on_terminal(function, self.comm.global_rank, opts.resolved_quiet())
         self._slot_marks: dict[int, int] = {}
         self.states: dict[tuple[int, tuple], KeyState] = {}
         self.new_states: list[KeyState] = []
@@ -72,13 +66,38 @@ class Session:
         self._token: Any = None
         self._logged_header = False
 
+    # Built on first use: a call whose keys are all in Autotuner.cache needs none of them, and a
+    # tuned function called in a hot loop should cost little more than the function itself.
+    @functools.cached_property
+    def comm(self) -> Collectives:
+        return Collectives(self.opts.is_dist, self.opts.group, self.opts.resolved_timeout())
+
+    @functools.cached_property
+    def timer(self) -> HostTimer | CudaEventTimer:
+        return make_timer(self.opts.flush_l2)
+
+    @functools.cached_property
+    def log(self) -> RankLog:
+        return RankLog(self.opts.resolved_log_dir(), self.comm.global_rank, self.opts.resolved_quiet())
+
+    @functools.cached_property
+    def cache(self) -> TuningCache | None:
+        cache_dir = self.opts.resolved_cache_dir()
+        return None if cache_dir is None else TuningCache(cache_dir, self.opts.resolved_retune(), self.comm,
+                                                          self.opts.reduce, self.opts.stat)
+
+    @functools.cached_property
+    def progress(self) -> Progress:
+        return Progress.on_terminal(self.function, self.comm.global_rank, self.opts.resolved_quiet())
+
     def __enter__(self) -> Session:
         self._token = current_handler.set(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         current_handler.reset(self._token)
-        self.progress.clear()
+        if "progress" in self.__dict__:
+            self.progress.clear()
         self.stats.wall_s = time.perf_counter() - self._started
         if self._logged_header:
             self.log.write("end", f"=== {self.function}: {self.stats.executions} executions, "
@@ -86,7 +105,8 @@ class Session:
                            + ("" if exc[0] is None else f", stopped by {exc[0].__name__}"),
                            function=self.function, executions=self.stats.executions, wall_s=self.stats.wall_s,
                            error=None if exc[0] is None else repr(exc[1]))
-        self.log.close()
+        if "log" in self.__dict__:
+            self.log.close()
 
     # ---- launches (called by the patched Autotuner.run) -------------------------------------
 
