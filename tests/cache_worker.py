@@ -29,7 +29,7 @@ from tests.kernels import DEVICE, chosen, grid, sleepy  # noqa: E402
 from triton_ctx_tune import contextual_autotune  # noqa: E402
 from triton_ctx_tune.errors import CacheWarning  # noqa: E402
 
-FAST = dict(n_warmup=1, n_repeat=2)  # 3 slots per config: 9 tuning executions, then the final one
+FAST = dict(n_warmup=1, n_repeat=2, early_stop=False)  # 3 slots per config: 9 tuning executions, then the final one
 
 
 def _cached_add_one(x_ptr, n, BLOCK: tl.constexpr):

@@ -31,7 +31,7 @@ from triton_ctx_tune.fingerprint import callable_digest
 from triton_ctx_tune.options import TuneOptions
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = dict(n_warmup=1, n_repeat=2)  # 3 slots per config
+FAST = dict(n_warmup=1, n_repeat=2, early_stop=False)  # 3 slots per config
 DEADLINE_S = 300
 
 

@@ -21,7 +21,7 @@ from triton_ctx_tune import contextual_autotune
 from triton_ctx_tune.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = dict(n_warmup=1, n_repeat=2)  # 3 slots per config
+FAST = dict(n_warmup=1, n_repeat=2, early_stop=False)  # 3 slots per config
 
 
 def ramp(n: int) -> torch.Tensor:
@@ -271,7 +271,7 @@ _PROGRESS_SCRIPT = textwrap.dedent("""
     from tests.kernels import grid
     from triton_ctx_tune import contextual_autotune
 
-    @contextual_autotune(n_warmup=1, n_repeat=2, quiet=False, cache=False, log_dir=False)
+    @contextual_autotune(n_warmup=1, n_repeat=2, early_stop=False, quiet=False, cache=False, log_dir=False)
     def op(x):
         h = x.clone()
         K.double_[grid(h.numel())](h, h.numel())

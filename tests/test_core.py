@@ -17,7 +17,7 @@ from triton_ctx_tune import (CtxTuneError, InvalidOptionError, NoValidConfigErro
 from triton_ctx_tune import patch as ctx_patch
 
 ORIGINAL_RUN = Autotuner.__dict__["run"]
-FAST = dict(n_warmup=1, n_repeat=2)  # 3 slots per config
+FAST = dict(n_warmup=1, n_repeat=2, early_stop=False)  # 3 slots per config, every config measured fully
 
 
 def ramp(n: int) -> torch.Tensor:
@@ -436,8 +436,54 @@ def test_bare_decorator_and_bad_options():
 
     x = ramp(32)
     torch.testing.assert_close(op(x), x * 2)
-    assert op.last_call.executions == 3 * 8 + 1  # defaults: n_warmup=3, n_repeat=5
+    # Defaults: early stopping screens each config with 1 warm-up + 1 timed slot; the two that
+    # sleep are over 1.5x the best, so BLOCK 32 wins at once: 6 executions, then the final one.
+    assert op.last_call.executions == 3 * 2 + 1
+    assert chosen(K.double_) == {(32, "torch.float32"): 32}
     with pytest.raises(InvalidOptionError, match="n_repeat=0 is not valid: expected an int >= 1"):
         contextual_autotune(n_repeat=0)
     with pytest.raises(InvalidOptionError, match="reduce='sum'"):
         contextual_autotune(reduce="sum")
+
+
+@pytest.mark.parametrize("precompile, executions", [(True, 6 + 4 + 1), (False, 6 + 6 + 1)])
+def test_early_stopping_screens_then_measures_the_survivors(tmp_path, precompile, executions):
+    @contextual_autotune(n_warmup=2, n_repeat=3, early_stop=1.5, precompile=precompile)
+    def op(x: torch.Tensor):
+        h = x.clone()
+        K.screened_add_one_[grid(h.numel())](h, h.numel())
+        return h
+
+    x = ramp(64)
+    torch.testing.assert_close(op(x), x + 1)
+    # Screening: 3 configs x (1 warm-up + 1 timed). BLOCK 64 is 2x the best and is dropped; 16 and 32
+    # get their 2 remaining timed slots, plus their last warm-up unless they were precompiled.
+    assert op.last_call.executions == executions
+    assert chosen(K.screened_add_one_) == {(64, "torch.float32"): 16}
+    events = jsonl(tmp_path)
+    (screen,) = [e for e in events if e["event"] == "screen"]
+    assert screen["kept"] == [0, 1] and screen["factor"] == 1.5
+    (decision,) = [e for e in events if e["event"] == "decision"]
+    assert decision["screened_out"] == [2] and decision["winner"] == 0
+    timed = {i: sum(1 for e in events if e["event"] == "slot" and e["config_index"] == i and e["timed"]) for i in range(3)}
+    assert timed == {0: 3, 1: 3, 2: 1}
+    assert [e["event"] for e in events].count("precompile") == (1 if precompile else 0)
+
+
+def test_early_stop_option_and_environment(monkeypatch):
+    from triton_ctx_tune.options import TuneOptions
+
+    assert TuneOptions().resolved_early_stop() == 1.5
+    assert TuneOptions(early_stop=False).resolved_early_stop() is None
+    assert TuneOptions(early_stop=2).resolved_early_stop() == 2.0
+    monkeypatch.setenv("TRITON_CTX_TUNE_EARLY_STOP", "off")
+    assert TuneOptions().resolved_early_stop() is None
+    monkeypatch.setenv("TRITON_CTX_TUNE_EARLY_STOP", "1.25")
+    assert TuneOptions().resolved_early_stop() == 1.25
+    monkeypatch.setenv("TRITON_CTX_TUNE_EARLY_STOP", "0.5")
+    with pytest.raises(InvalidOptionError, match="TRITON_CTX_TUNE_EARLY_STOP='0.5'"):
+        TuneOptions().resolved_early_stop()
+    with pytest.raises(InvalidOptionError, match="early_stop=1.0 is not valid"):
+        contextual_autotune(early_stop=1.0)
+    with pytest.raises(InvalidOptionError, match="bogus=1 is not valid: expected one of the known options"):
+        contextual_autotune(bogus=1)

@@ -13,7 +13,7 @@ import torch
 pytestmark = pytest.mark.dist
 
 ROOT = Path(__file__).resolve().parents[1]
-NORMAL = ["agree", "one_rank_fails", "skew_max", "skew_mean", "all_fail_on_rank1", "mismatch"]
+NORMAL = ["agree", "one_rank_fails", "skew_max", "skew_mean", "early_stop", "all_fail_on_rank1", "mismatch"]
 DEADLINE_S = 600
 
 
@@ -80,6 +80,27 @@ def test_rank_dependent_timings_use_the_max_consensus(normal_runs):
         _no_errors(rows)
         assert all(r["ok"] for r in rows)
         assert all(r["blocks"] == {"(64, 'torch.float32')": block} for r in rows), (name, rows)
+
+
+def test_early_stopping_keeps_the_consensus_survivors_on_every_rank(normal_runs):
+    world, results, out = normal_runs
+    rows = results["early_stop"]
+    _no_errors(rows)
+    assert all(r["ok"] and r["blocks"] == {"(64, 'torch.float32')": 16} for r in rows)
+    # 3 configs x 2 screening slots, then 2 survivors x 2 timed slots (precompiled: no more warm-ups), final run.
+    assert {r["executions"] for r in rows} == {6 + 4 + 1}
+    for r in range(world):
+        events = [json.loads(line) for line in (out / "logs" / f"rank-{r}.jsonl").read_text().splitlines()]
+        screens = [e for e in events if e["event"] == "screen"]
+        assert [e["kept"] for e in screens] == [[0, 2]]
+
+
+def test_ranks_split_the_precompilation(normal_runs):
+    world, _, out = normal_runs
+    for r in range(world):
+        events = [json.loads(line) for line in (out / "logs" / f"rank-{r}.jsonl").read_text().splitlines()]
+        pre = [e for e in events if e["event"] == "precompile"]
+        assert pre and all(e["mine"] == [i for i in range(3) if i % world == r] for e in pre)
 
 
 def test_all_configs_failing_on_one_rank_raise_on_every_rank(normal_runs):

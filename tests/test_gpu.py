@@ -63,7 +63,37 @@ def test_cuda_events_time_real_kernels_and_flush_l2(tmp_path):
     autotuner(_copy).cache.clear()
 
 
-def test_config_out_of_shared_memory_is_excluded():
+@triton.autotune(configs=[triton.Config({"BLOCK": 128}), triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 64})],
+                 key=["n"])
+@triton.jit
+def _limited(x, n, BLOCK: tl.constexpr):
+    tl.static_assert(BLOCK <= 64)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x + offs, tl.load(x + offs, mask=offs < n) + 1, mask=offs < n)
+
+
+def _events(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+
+
+def test_precompile_finds_compile_errors_before_any_slot(tmp_path):
+    @contextual_autotune(n_warmup=1, n_repeat=2)
+    def op(x: torch.Tensor):
+        h = x.clone()
+        _limited[lambda m: (triton.cdiv(h.numel(), m["BLOCK"]),)](h, h.numel())
+        return h
+
+    x = torch.randn(4096, device="cuda")
+    torch.testing.assert_close(op(x), x + 1)
+    events = _events(tmp_path)
+    (pre,) = [e for e in events if e["event"] == "precompile"]
+    assert list(pre["failures"]) == ["0"] and "CompileTimeAssertionFailure" in pre["failures"]["0"]
+    slots0 = [e for e in events if e["event"] == "slot" and e["config_index"] == 0]
+    assert slots0 and all(e["failure"].startswith("skipped") for e in slots0)  # never launched
+    autotuner(_limited).cache.clear()
+
+
+def test_config_out_of_shared_memory_is_excluded(tmp_path):
     M = N = K = 512
 
     @contextual_autotune(n_warmup=1, n_repeat=3)
@@ -81,4 +111,6 @@ def test_config_out_of_shared_memory_is_excluded():
     assert timings[256] == float("inf") and timings[64] < float("inf") and timings[128] < float("inf")
     (best,) = autotuner(_matmul).cache.values()
     assert best.kwargs["BM"] in (64, 128)
+    (pre,) = [e for e in _events(tmp_path) if e["event"] == "precompile"]
+    assert "OutOfResources" in pre["failures"]["0"]  # found when loading, before its first slot
     autotuner(_matmul).cache.clear()

@@ -15,7 +15,7 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.errors import InterpreterError, OutOfResources, PTXASError
 
 __all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "interpret_mode", "tuning_key",
-           "prune_configs", "launch_config", "compile_only", "reset_before_final_launch", "config_failure_reason", "kernel_name", "kernel_source",
+           "prune_configs", "launch_config", "compile_only", "load_binary", "reset_before_final_launch", "config_failure_reason", "kernel_name", "kernel_source",
            "autotuner_definition", "autotuner_hooks",
            "config_to_dict", "config_str", "print_autotuning", "notify_listener"]
 
@@ -69,12 +69,16 @@ def prune_configs(at: Autotuner, args: Sequence[Any], kwargs: dict[str, Any]) ->
         at.nargs = None
 
 
-def launch_config(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """One launch as Triton's _bench times it: config.pre_hook, pre_hook, run, post_hook."""
+def _check_conflicts(config: Config, kwargs: dict[str, Any]) -> None:
     conflicts = kwargs.keys() & config.kwargs.keys()
     if conflicts:
         raise ValueError(f"Conflicting meta-parameters: {', '.join(sorted(conflicts))}. "
                          "Make sure that you don't re-define auto-tuned symbols.")
+
+
+def launch_config(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """One launch as Triton's _bench times it: config.pre_hook, pre_hook, run, post_hook."""
+    _check_conflicts(config, kwargs)
     current = dict(kwargs, **config.all_kwargs())
     full_nargs = {**_named_args(at, args), **current}
     if config.pre_hook:
@@ -92,7 +96,20 @@ def launch_config(at: Autotuner, config: Config, args: Sequence[Any], kwargs: di
 def compile_only(at: Autotuner, configs: Sequence[Config], args: Sequence[Any], kwargs: dict[str, Any]) -> list:
     """A warmup=True launch: compile each config without running it, as Autotuner.warmup does."""
     kw = {k: v for k, v in kwargs.items() if k != "warmup"}
+    for c in configs:
+        _check_conflicts(c, kw)
     return [at.fn.run(*args, warmup=True, **kw, **c.all_kwargs()) for c in configs]
+
+
+def load_binary(compiled: Any) -> None:
+    """Load a compiled kernel onto the current device now rather than at its first launch.
+
+    This is also where Triton raises OutOfResources for shared memory or threads, so a config
+    that cannot run is found before any slot is spent on it.
+    """
+    init = getattr(compiled, "_init_handles", None)
+    if init is not None:
+        init()
 
 
 def reset_before_final_launch(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any]) -> None:

@@ -32,6 +32,13 @@ def _env_flag(name: str, default: bool = False) -> bool:
     return default if raw == "" else raw not in ("0", "false", "no", "off")
 
 
+DEFAULT_EARLY_STOP = 1.5
+
+
+def _is_factor(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1
+
+
 @dataclasses.dataclass(frozen=True)
 class TuneOptions:
     is_dist: bool = False
@@ -47,6 +54,9 @@ class TuneOptions:
     max_executions: int = 10_000
     cache: bool | None = None  # None: TRITON_CTX_TUNE_CACHE, on unless it is 0
     cache_dir: str | os.PathLike[str] | None = None  # None: TRITON_CTX_TUNE_CACHE_DIR or ~/.cache/triton_ctx_tune
+    early_stop: float | bool | None = None  # None: TRITON_CTX_TUNE_EARLY_STOP or 1.5; False: off
+    precompile: bool | None = None  # None: TRITON_CTX_TUNE_PRECOMPILE, on unless it is 0
+    compile_threads: int | None = None  # None: cores / local ranks, at most 32
 
     def __post_init__(self) -> None:
         for name in ("n_repeat", "n_warmup", "max_executions"):
@@ -64,6 +74,14 @@ class TuneOptions:
             raise InvalidOptionError("timeout_s", self.timeout_s, "a number of seconds greater than 0")
         if self.cache is not None and not isinstance(self.cache, bool):
             raise InvalidOptionError("cache", self.cache, "True, False or None (None: TRITON_CTX_TUNE_CACHE decides)")
+        if not (self.early_stop is None or self.early_stop is False or _is_factor(self.early_stop)):
+            raise InvalidOptionError("early_stop", self.early_stop,
+                                     "a factor > 1 (keep configs within it of the best), False to turn it off, or None")
+        if self.precompile is not None and not isinstance(self.precompile, bool):
+            raise InvalidOptionError("precompile", self.precompile, "True, False or None")
+        if self.compile_threads is not None and (isinstance(self.compile_threads, bool)
+                                                 or not isinstance(self.compile_threads, int) or self.compile_threads < 1):
+            raise InvalidOptionError("compile_threads", self.compile_threads, "an int >= 1, or None for the default")
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise InvalidOptionError("cache_dir", self.cache_dir, "a directory path, or None for the default")
 
@@ -84,6 +102,28 @@ class TuneOptions:
         """Where tuned results persist, or None when the cache is off."""
         enabled = _env_flag("TRITON_CTX_TUNE_CACHE", default=True) if self.cache is None else self.cache
         return resolve_dir(self.cache_dir) if enabled else None
+
+    def resolved_early_stop(self) -> float | None:
+        """The screening factor, or None when every config gets every slot."""
+        if self.early_stop is False:
+            return None
+        if self.early_stop is not None and self.early_stop is not True:
+            return float(self.early_stop)
+        raw = os.environ.get("TRITON_CTX_TUNE_EARLY_STOP", "").strip().lower()
+        if raw in ("", "1", "on", "true", "yes"):
+            return DEFAULT_EARLY_STOP
+        if raw in ("0", "off", "false", "no"):
+            return None
+        try:
+            factor = float(raw)
+        except ValueError:
+            factor = 0.0
+        if not _is_factor(factor):
+            raise InvalidOptionError("TRITON_CTX_TUNE_EARLY_STOP", raw, "a factor > 1, or 0/off to turn it off")
+        return factor
+
+    def resolved_precompile(self) -> bool:
+        return _env_flag("TRITON_CTX_TUNE_PRECOMPILE", default=True) if self.precompile is None else self.precompile
 
     def resolved_retune(self) -> bool:
         return _env_flag("TRITON_CTX_TUNE_RETUNE")

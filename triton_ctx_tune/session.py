@@ -28,7 +28,8 @@ from .logs import RankLog, fmt_ms
 from .options import TuneOptions
 from .patch import current_handler, original_run
 from .progress import Progress, steps_left
-from .state import KeyState, Slot, SlotRecord, pick_winner
+from .precompile import default_threads, precompile
+from .state import KeyState, Slot, SlotRecord, pick_winner, screen
 from .timing import CudaEventTimer, HostTimer, make_timer
 
 
@@ -87,6 +88,10 @@ class Session:
                                                           self.opts.reduce, self.opts.stat)
 
     @functools.cached_property
+    def early_stop(self) -> float | None:
+        return self.opts.resolved_early_stop()
+
+    @functools.cached_property
     def progress(self) -> Progress:
         return Progress.on_terminal(self.function, self.comm.global_rank, self.opts.resolved_quiet())
 
@@ -133,7 +138,7 @@ class Session:
             if lookup is not None and lookup.hit:
                 self._cache_hit(at, key, configs, lookup)
                 return run(at, *args, **kwargs)
-            state = self._new_state(at, key, configs)
+            state = self._new_state(at, key, configs, args, kwargs)
             if lookup is not None:
                 self.misses[id(state)] = lookup
         if state.decided:
@@ -167,12 +172,21 @@ class Session:
         self.log.summary(f"{self.function}: {kernel_name(at)} key={key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
                          f"(from the tuning cache, tuned {date})")
 
-    def _new_state(self, at: Autotuner, key: tuple, configs: list) -> KeyState:
+    def _new_state(self, at: Autotuner, key: tuple, configs: list, args: tuple, kwargs: dict[str, Any]) -> KeyState:
         self._ensure_header()
         state = KeyState(at, key, configs, self.opts.n_warmup, self.opts.n_repeat, kernel_name(at),
-                         self.stats.executions)
+                         self.stats.executions, early_stop=self.early_stop)
         self.states[(id(at), key)] = state
         self.new_states.append(state)
+        if self.opts.resolved_precompile():
+            done = precompile(state, args, kwargs, self.comm, self.opts.compile_threads or default_threads())
+            state.precompiled = True
+            for i, reason in sorted(done.failures.items()):
+                state.fail(i, reason)
+            self.log.write("precompile", f"precompile kernel={state.kernel} key={key!r} compiled "
+                           f"{len(done.mine)}/{len(configs)} configs here in {done.seconds:.3f} s, "
+                           f"{len(done.failures)} failed", kernel=state.kernel, key=list(key), mine=done.mine,
+                           seconds=done.seconds, failures={str(i): r for i, r in done.failures.items()})
         return state
 
     def _run_slot(self, state: KeyState, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -296,13 +310,32 @@ class Session:
         per_rank = self.comm.all_gather(local, "gather timings")  # [world, states, configs, 3]
         per_rank = torch.nan_to_num(per_rank, nan=math.inf, posinf=math.inf)
         reduced = per_rank.amax(0) if self.opts.reduce == "max" else per_rank.mean(0)
-        picks = [pick_winner(reduced[i, : len(s.configs), 0].tolist()) for i, s in enumerate(finishing)]
-        winners = self.comm.broadcast_from_root(
-            torch.tensor([-1 if p is None else p for p in picks], dtype=torch.int64), "broadcast winners")
-        if bool((winners < 0).any()):
-            self._raise_no_valid_config(finishing, winners.tolist())
+        # Rank 0 turns the reduced times into a keep-mask per state (a screening pass's survivors,
+        # or a one-hot winner); broadcasting it makes every rank's schedule and choice identical.
+        keep = torch.zeros((len(finishing), width), dtype=torch.int64)
         for i, s in enumerate(finishing):
-            self._commit(s, int(winners[i]), reduced[i, : len(s.configs)], per_rank[:, i, : len(s.configs), 0])
+            times = [math.inf if j in s.dropped else t for j, t in enumerate(reduced[i, : len(s.configs), 0].tolist())]
+            winner = pick_winner(times)
+            chosen = screen(times, self.early_stop) if s.screening and self.early_stop else (
+                [] if winner is None else [winner])
+            keep[i, chosen] = 1
+        keep = self.comm.broadcast_from_root(keep, "broadcast decisions")
+        for i, s in enumerate(finishing):
+            if not bool(keep[i].any()):
+                self._raise_no_valid_config(finishing, i)
+        for i, s in enumerate(finishing):
+            kept = keep[i, : len(s.configs)].nonzero().flatten().tolist()
+            times = reduced[i, : len(s.configs)]
+            if s.screening and len(kept) > 1:
+                s.keep(kept)
+                self.log.write("screen", f"screen kernel={s.kernel} key={s.key!r} kept {len(kept)}/{len(s.configs)} "
+                               f"configs within {self.early_stop:g}x of the best: {kept}", kernel=s.kernel,
+                               key=list(s.key), kept=kept, factor=self.early_stop, reduced=times[:, 0].tolist())
+            else:
+                if s.screening:  # one survivor: it has won
+                    s.dropped = set(range(len(s.configs))) - set(kept)
+                    s.screening = False
+                self._commit(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
 
     def _commit(self, s: KeyState, winner: int, reduced: torch.Tensor, per_rank: torch.Tensor) -> None:
         at = s.autotuner
@@ -324,10 +357,12 @@ class Session:
                        configs=[config_str(c) for c in s.configs], reduced=reduced[:, 0].tolist(),
                        reduced_q20=reduced[:, 1].tolist(), reduced_q80=reduced[:, 2].tolist(),
                        per_rank=per_rank.tolist(), local_failures={str(k): v for k, v in s.failures.items()},
+                       screened_out=sorted(s.dropped),
                        reduce=self.opts.reduce, stat=self.opts.stat, world=self.comm.world,
                        executions=self.stats.executions, tuning_s=s.tuning_s)
         self.log.summary(f"{self.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
-                         f"({len(s.configs)} configs, {failed} failed, {how}, {s.tuning_s:.2f} s)")
+                         f"({len(s.configs)} configs, {failed} failed, {len(s.dropped)} screened out, {how}, "
+                         f"{s.tuning_s:.2f} s)")
         lookup = self.misses.pop(id(s), None)
         if lookup is not None and self.cache is not None:
             path = self.cache.store(lookup, s.configs, winner, reduced.tolist(), per_rank.tolist(), dict(s.failures),
@@ -337,11 +372,10 @@ class Session:
                 self.log.write("cache-store", f"cache-store kernel={s.kernel} key={s.key!r} -> {path}",
                                kernel=s.kernel, key=list(s.key), path=str(path), id=lookup.id)
 
-    def _raise_no_valid_config(self, finishing: list[KeyState], winners: list[int]) -> None:
+    def _raise_no_valid_config(self, finishing: list[KeyState], i: int) -> None:
         # Every rank reaches this with the same broadcast winners, so the extra gather is safe.
         mine = {str(i): {str(c): r for c, r in s.failures.items()} for i, s in enumerate(finishing)}
         everyone = [json.loads(b) for b in self.comm.all_gather_bytes(json.dumps(mine).encode(), "share failures")]
-        i = winners.index(-1)
         s = finishing[i]
         failures: dict[str, list[str]] = {}
         for j, config in enumerate(s.configs):

@@ -1,16 +1,19 @@
 """Per-(Autotuner, key) tuning state and its slot schedule.
 
-A state owns a fixed schedule of `len(configs) * (n_warmup + n_repeat)` slots: config 0's
-warm-up slots, then its timed slots, then config 1's, and so on. Every launch of the key
-inside a tuning call takes the next slot, so the number of function executions depends on
-the config count alone, never on which configs fail: ranks stay in lockstep.
+Without early stopping a state owns `len(configs) * (n_warmup + n_repeat)` slots: config 0's
+warm-up slots, then its timed slots, then config 1's, and so on. With early stopping it first
+*screens*: one warm-up and one timed slot per config; the step's collective then keeps the
+configs within `early_stop` times the best, and only those get their remaining slots. Every
+launch of the key takes the next slot, so the number of function executions depends on the
+config count and on decisions every rank receives from the same broadcast, never on which
+configs fail locally: ranks stay in lockstep.
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .compat import Autotuner, Config, config_str
 
@@ -45,7 +48,12 @@ class KeyState:
     failures: dict[int, str] = field(default_factory=dict)
     works: set[int] = field(default_factory=set)
     records: list[SlotRecord] = field(default_factory=list)
+    early_stop: float | None = None  # keep configs within this factor of the best after screening
+    plan: list[Slot] = field(default_factory=list)
     next_slot: int = 0
+    screening: bool = False  # the plan so far is the screening pass; its end is a pruning decision
+    dropped: set[int] = field(default_factory=set)
+    precompiled: bool = False
     winner: int | None = None
     reset_pending: bool = False  # the final run's first launch zeroes reset_to_zero args, as Triton's does
     started: float = field(default_factory=time.perf_counter)
@@ -53,18 +61,22 @@ class KeyState:
 
     def __post_init__(self) -> None:
         self.samples = [[] for _ in self.configs]
+        self.screening = self.early_stop is not None and self.n_repeat > 1
+        first = (min(self.n_warmup, 1), 1) if self.screening else (self.n_warmup, self.n_repeat)
+        self._extend(range(len(self.configs)), *first)
 
-    @property
-    def per_config(self) -> int:
-        return self.n_warmup + self.n_repeat
+    def _extend(self, configs: Iterable[int], warmups: int, timed: int) -> None:
+        done = {c: sum(1 for s in self.plan if s.config == c) for c in range(len(self.configs))}
+        for c in configs:
+            self.plan += [Slot(c, done[c] + i, timed=i >= warmups) for i in range(warmups + timed)]
 
     @property
     def total_slots(self) -> int:
-        return len(self.configs) * self.per_config
+        return len(self.plan)
 
     @property
     def exhausted(self) -> bool:
-        return self.next_slot >= self.total_slots
+        return self.next_slot >= len(self.plan)
 
     @property
     def decided(self) -> bool:
@@ -73,9 +85,16 @@ class KeyState:
     def take_slot(self) -> Slot | None:
         if self.exhausted:
             return None
-        config, iteration = divmod(self.next_slot, self.per_config)
         self.next_slot += 1
-        return Slot(config, iteration, timed=iteration >= self.n_warmup)
+        return self.plan[self.next_slot - 1]
+
+    def keep(self, survivors: list[int]) -> None:
+        """End the screening pass: only `survivors` get their remaining warm-ups and timed slots."""
+        self.screening = False
+        self.dropped = set(range(len(self.configs))) - set(survivors)
+        # A precompiled config has been compiled, loaded and launched once: more warm-ups add nothing.
+        warmups = 0 if self.precompiled else max(self.n_warmup - 1, 0)
+        self._extend(survivors, warmups, self.n_repeat - 1)
 
     def fail(self, config: int, reason: str) -> None:
         self.failures.setdefault(config, reason)
@@ -120,6 +139,10 @@ def pick_winner(times: list[float]) -> int | None:
     return best
 
 
-def make_state(at: Autotuner, key: tuple, configs: list[Config], n_warmup: int, n_repeat: int,
-               kernel: str, step: int, **extra: Any) -> KeyState:
-    return KeyState(at, key, configs, n_warmup, n_repeat, kernel, step, **extra)
+def screen(times: list[float], factor: float) -> list[int]:
+    """Configs whose screening time is finite and within `factor` of the best one."""
+    finite = [t for t in times if math.isfinite(t)]
+    if not finite:
+        return []
+    limit = factor * min(finite)
+    return [i for i, t in enumerate(times) if math.isfinite(t) and t <= limit]

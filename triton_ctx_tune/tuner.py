@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from typing import Any, Callable, Generic, TypeVar, overload
 
 from . import patch
+from .errors import InvalidOptionError
 from .options import TuneOptions
 from .session import CallStats, Session
 
@@ -47,31 +49,24 @@ def contextual_autotune(is_dist: Callable[..., R]) -> ContextualAutotuner[R]: ..
 
 
 @overload
-def contextual_autotune(is_dist: bool = False, n_repeat: int = 5, n_warmup: int = 3, *, group: Any = None,
-                        reduce: str = "max", stat: str = "median", flush_l2: bool = True, log_dir: Any = None,
-                        quiet: bool | None = None, timeout_s: float | None = None,
-                        max_executions: int = 10_000, cache: bool | None = None,
-                        cache_dir: Any = None) -> Callable[[Callable[..., R]], ContextualAutotuner[R]]: ...
+def contextual_autotune(is_dist: bool = False, n_repeat: int = 5, n_warmup: int = 3,
+                        **options: Any) -> Callable[[Callable[..., R]], ContextualAutotuner[R]]: ...
 
 
-def contextual_autotune(is_dist: Any = False, n_repeat: int = 5, n_warmup: int = 3, *, group: Any = None,
-                        reduce: str = "max", stat: str = "median", flush_l2: bool = True, log_dir: Any = None,
-                        quiet: bool | None = None, timeout_s: float | None = None,
-                        max_executions: int = 10_000, cache: bool | None = None, cache_dir: Any = None) -> Any:
+def contextual_autotune(is_dist: Any = False, n_repeat: int = 5, n_warmup: int = 3, **options: Any) -> Any:
     """Tune every @triton.autotune kernel launched inside the decorated function, as one unit.
 
-    Same signature as Triton-distributed's contextual_autotune (is_dist, n_repeat, n_warmup),
-    plus keyword-only options: group (process group, default the world), reduce ("max" or
-    "mean" over ranks), stat ("median", "mean" or "min" over a config's timed slots), flush_l2,
-    log_dir (False: no log files), quiet, timeout_s (for the tuner's collectives), max_executions,
-    cache (None: on unless TRITON_CTX_TUNE_CACHE=0) and cache_dir (None: TRITON_CTX_TUNE_CACHE_DIR or
-    ~/.cache/triton_ctx_tune) for the persistent tuning cache, which rank 0 reads and writes so a
-    rerun of the same job tunes nothing; TRITON_CTX_TUNE_RETUNE=1 tunes again and overwrites it.
-    Also usable bare: ``@contextual_autotune``.
+    Same positional signature as Triton-distributed's contextual_autotune (is_dist, n_repeat,
+    n_warmup); the keyword-only options are the fields of TuneOptions (options.py): group,
+    reduce, stat, flush_l2, log_dir, quiet, timeout_s, max_executions, cache, cache_dir,
+    early_stop, precompile, compile_threads. Also usable bare: ``@contextual_autotune``.
     """
     if callable(is_dist):
         return ContextualAutotuner(is_dist, TuneOptions())
-    opts = TuneOptions(is_dist=is_dist, n_repeat=n_repeat, n_warmup=n_warmup, group=group, reduce=reduce,
-                       stat=stat, flush_l2=flush_l2, log_dir=log_dir, quiet=quiet, timeout_s=timeout_s,
-                       max_executions=max_executions, cache=cache, cache_dir=cache_dir)
+    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(TuneOptions)})
+    if unknown:
+        valid = ", ".join(f.name for f in dataclasses.fields(TuneOptions) if f.name not in ("is_dist", "n_repeat",
+                                                                                            "n_warmup"))
+        raise InvalidOptionError(unknown[0], options[unknown[0]], f"one of the known options: {valid}")
+    opts = TuneOptions(is_dist=is_dist, n_repeat=n_repeat, n_warmup=n_warmup, **options)
     return lambda fn: ContextualAutotuner(fn, opts)
