@@ -55,14 +55,17 @@ class TableResult:
 # ---- Triton cache directories ----------------------------------------------------------------------
 
 class CacheDirs:
-    """Fresh, empty TRITON_CACHE_DIRs, one per rank and phase; removed at exit."""
+    """Fresh, empty TRITON_CACHE_DIRs, one per phase, shared by the job's ranks as ~/.triton/cache is on
+    a real node (precompilation splits configs among local ranks through it); removed at exit."""
 
     def __init__(self) -> None:
         self.made: list[str] = []
+        # torchrun gives every rank of one job the same run id; new per job, so the directory starts empty.
+        self.run = os.environ.get("TORCHELASTIC_RUN_ID") or str(os.getpid())
 
     def fresh(self, phase: str) -> str:
-        local = os.environ.get("LOCAL_RANK", "0")
-        path = tempfile.mkdtemp(prefix=f"bench-triton-cache-r{local}-{phase}-")
+        path = os.path.join(tempfile.gettempdir(), f"bench-triton-cache-{self.run}-{phase}")
+        os.makedirs(path, exist_ok=True)
         os.environ["TRITON_CACHE_DIR"] = path  # Triton reads it at every compile (triton.knobs.cache.dir)
         self.made.append(path)
         return path
