@@ -88,7 +88,7 @@ def test_entry_holds_identity_winner_timings_and_failures(tmp_path):
         "key": "(128, 'torch.float32')", "configs": [config_to_dict(c) for c in at.configs],
         "hooks": {"config_pre_hooks": [callable_digest(c.pre_hook) for c in at.configs],
                   "autotuner": [callable_digest(at.pre_hook), callable_digest(at.post_hook)]},
-        "device": "cpu", "device_count": 0, "world": 1, "reduce": "max", "stat": "median",
+        "device": C.device_identity()[0], "device_count": C.device_identity()[1], "world": 1, "reduce": "max", "stat": "median",
         "triton": triton.__version__, "torch": torch.__version__}
     assert entry["id"] == hashlib.sha256(C.canonical(ident).encode()).hexdigest()
     assert path.name == f"_limited-{entry['id']}.json"

@@ -12,6 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from triton_ctx_tune.cache import device_identity
 import torch
 
 from tests import kernels as K
@@ -166,7 +168,8 @@ def test_cache_list_and_show(tuned, capsys):
     (entry,) = [C.read_entry(p) for p in C.entry_paths(cache) if p.name.startswith("double_")]
     code, out, _ = run(capsys, "cache", "show", "--cache-dir", cache, entry["id"][:8])
     assert code == 0 and f"  id         {entry['id']}" in out
-    assert "valid for  cpu, world 1, reduce max, stat median" in out and "these 3 configs in order" in out
+    name, count = device_identity()
+    assert f"valid for  {name}{f' x{count}' if count else ''}, world 1, reduce max, stat median" in out and "these 3 configs in order" in out
     assert f"chosen     #1 {{BLOCK=32, num_warps=4, num_stages=3}}  {d['reduced'][1]:.4f} ms" in out
     assert "tuning     took 9 executions" in out and "_limited" not in out
     code, _, err = run(capsys, "cache", "show", "--cache-dir", cache, "no_such_kernel")

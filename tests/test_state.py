@@ -45,3 +45,17 @@ def test_summaries():
     s.fail(2, "x")
     stats = s.local_stats("median")
     assert stats[0][0] == 2.0 and stats[1] == (math.inf,) * 3 and stats[2] == (math.inf,) * 3
+
+
+def test_screening_then_interleaved_measurement_of_survivors():
+    s = KeyState(autotuner=None, key=(1,), configs=[triton.Config({"BLOCK": b}) for b in (16, 32, 64)],  # type: ignore[arg-type]
+                 n_warmup=2, n_repeat=3, kernel="k", created_step=0, early_stop=1.5)
+    assert s.screening and [s.take_slot() for _ in range(6)] == [
+        Slot(0, 0, False), Slot(0, 1, True), Slot(1, 0, False), Slot(1, 1, True), Slot(2, 0, False), Slot(2, 1, True)]
+    assert s.exhausted
+    s.keep([0, 2])
+    assert not s.screening and s.dropped == {1}
+    # Not precompiled: one more warm-up each, then the 2 remaining timed slots, round-robin.
+    assert [s.take_slot() for _ in range(6)] == [
+        Slot(0, 2, False), Slot(2, 2, False), Slot(0, 3, True), Slot(2, 3, True), Slot(0, 4, True), Slot(2, 4, True)]
+    assert s.exhausted

@@ -3,7 +3,8 @@
 Without early stopping a state owns `len(configs) * (n_warmup + n_repeat)` slots: config 0's
 warm-up slots, then its timed slots, then config 1's, and so on. With early stopping it first
 *screens*: one warm-up and one timed slot per config; the step's collective then keeps the
-configs within `early_stop` times the best, and only those get their remaining slots. Every
+configs within `early_stop` times the best, and only those get their remaining slots, taken
+round-robin so that every config is measured across the same stretch of time. Every
 launch of the key takes the next slot, so the number of function executions depends on the
 config count and on decisions every rank receives from the same broadcast, never on which
 configs fail locally: ranks stay in lockstep.
@@ -65,10 +66,17 @@ class KeyState:
         first = (min(self.n_warmup, 1), 1) if self.screening else (self.n_warmup, self.n_repeat)
         self._extend(range(len(self.configs)), *first)
 
-    def _extend(self, configs: Iterable[int], warmups: int, timed: int) -> None:
-        done = {c: sum(1 for s in self.plan if s.config == c) for c in range(len(self.configs))}
-        for c in configs:
-            self.plan += [Slot(c, done[c] + i, timed=i >= warmups) for i in range(warmups + timed)]
+    def _extend(self, configs: Iterable[int], warmups: int, timed: int, interleave: bool = False) -> None:
+        configs = list(configs)
+        done = {c: sum(1 for s in self.plan if s.config == c) for c in configs}
+        if not interleave:
+            for c in configs:
+                self.plan += [Slot(c, done[c] + i, timed=i >= warmups) for i in range(warmups + timed)]
+            return
+        # Round-robin: each round times every config once, so slow drift (clocks, temperature) during
+        # tuning lands on all of them alike instead of on whichever config was measured last.
+        for i in range(warmups + timed):
+            self.plan += [Slot(c, done[c] + i, timed=i >= warmups) for c in configs]
 
     @property
     def total_slots(self) -> int:
@@ -94,7 +102,7 @@ class KeyState:
         self.dropped = set(range(len(self.configs))) - set(survivors)
         # A precompiled config has been compiled, loaded and launched once: more warm-ups add nothing.
         warmups = 0 if self.precompiled else max(self.n_warmup - 1, 0)
-        self._extend(survivors, warmups, self.n_repeat - 1)
+        self._extend(survivors, warmups, self.n_repeat - 1, interleave=True)
 
     def fail(self, config: int, reason: str) -> None:
         self.failures.setdefault(config, reason)
