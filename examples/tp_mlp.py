@@ -111,7 +111,8 @@ def run(args: argparse.Namespace, device: torch.device, backend: str) -> int:
         verdict = ["FAIL", "ok"]
         print(f"tp_mlp: world={world} backend={backend} device={device.type} dtype={dt} configs={EXAMPLE_SIZE} "
               f"M={args.M} H={args.H} I={args.I} (I/rank={args.I // world})")
-        print(f"first call : {first.executions} executions ({len(first.tuned)} keys tuned in {first.wall_s:.2f} s)")
+        print(f"first call : {first.executions} executions ({len(first.tuned)} keys tuned in {first.wall_s:.2f} s, "
+              f"{first.cache_hits} from the tuning cache)")
         print("\n".join(describe(first)))
         print(f"check      : rel err vs torch_reference (float32, full weights) = {err:.2e} "
               f"(< {tol:g}) {verdict[ok[0]]}")

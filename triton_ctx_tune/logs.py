@@ -5,6 +5,7 @@ everything it measured. Rank 0 also prints one summary line per tuned key on std
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -17,6 +18,7 @@ from . import __version__
 from .compat import TRITON_VERSION, print_autotuning
 
 DEFAULT_LOG_DIR = "./.autotune_logs"
+_calls = itertools.count(1)
 
 
 def fmt_ms(ms: float | None) -> str:
@@ -32,6 +34,8 @@ class RankLog:
         self.quiet = quiet
         self._text: IO[str] | None = None
         self._jsonl: IO[str] | None = None
+        # Jobs that share a log directory append to the same files: this tells their records apart.
+        self.call = f"{socket.gethostname()}:{os.getpid()}:{next(_calls)}"
 
     @property
     def paths(self) -> tuple[Path, Path] | None:
@@ -56,7 +60,7 @@ class RankLog:
         assert self._text is not None and self._jsonl is not None
         self._text.write(f"[rank-{self.rank}] {line}\n")
         self._text.flush()
-        record = {"event": event, "rank": self.rank, "time": time.time(), **fields}
+        record = {"event": event, "rank": self.rank, "call": self.call, "time": time.time(), **fields}
         self._jsonl.write(json.dumps(record, default=repr) + "\n")
         self._jsonl.flush()
 
