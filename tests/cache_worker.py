@@ -7,7 +7,6 @@ OUT/SCENARIO.rank{r}.json, with the tuning-cache warnings the rank saw.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -25,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from tests.dist_worker import init_group  # noqa: E402
 from tests.kernels import DEVICE, chosen, grid, sleepy  # noqa: E402
 from triton_ctx_tune import contextual_autotune  # noqa: E402
 from triton_ctx_tune.errors import CacheWarning  # noqa: E402
@@ -100,10 +100,7 @@ def main() -> None:
     parser.add_argument("--rank1-cache-dir", default=None)
     parser.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
     args = parser.parse_args()
-    backend = os.environ.get("TRITON_CTX_TUNE_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
+    init_group()
     out = Path(args.out)
     for name in args.scenarios:
         start = time.monotonic()

@@ -105,72 +105,43 @@ def scenario_agree() -> dict[str, Any]:
             "executions": op.last_call.executions, "second_executions": op.last_call.executions}
 
 
-def scenario_one_rank_fails() -> dict[str, Any]:
-    @contextual_autotune(is_dist=True, **FAST)
-    def op(x: torch.Tensor):
-        h = x.clone()
-        fails_on_one_rank[grid(h.numel())](h, h.numel())
-        return h
-
-    x = ramp(64)
-    y = op(x)
-    timings = {c.kwargs["BLOCK"]: t[0] for c, t in autotuner(fails_on_one_rank).configs_timings.items()}
-    return {"ok": bool(torch.equal(y, x + 1)), "blocks": _blocks(fails_on_one_rank),
-            "executions": op.last_call.executions, "inf": sorted(b for b, t in timings.items() if t == float("inf"))}
-
-
-def _skew(kernel: Any, reduce: str) -> dict[str, Any]:
-    @contextual_autotune(is_dist=True, reduce=reduce, **FAST)
+def _tune_add_one(kernel: Any, n: int = 64, **opts: Any) -> dict[str, Any]:
+    """Tune x + 1 through one kernel; report what every rank needs to compare."""
+    @contextual_autotune(is_dist=True, **{**FAST, **opts})
     def op(x: torch.Tensor):
         h = x.clone()
         kernel[grid(h.numel())](h, h.numel())
         return h
 
-    x = ramp(64)
+    x = ramp(n)
     y = op(x)
     return {"ok": bool(torch.equal(y, x + 1)), "blocks": _blocks(kernel), "executions": op.last_call.executions}
 
 
+def scenario_one_rank_fails() -> dict[str, Any]:
+    result = _tune_add_one(fails_on_one_rank)
+    timings = {c.kwargs["BLOCK"]: t[0] for c, t in autotuner(fails_on_one_rank).configs_timings.items()}
+    return {**result, "inf": sorted(b for b, t in timings.items() if t == float("inf"))}
+
+
 def scenario_skew_max() -> dict[str, Any]:
-    return _skew(skewed_max, "max")
+    return _tune_add_one(skewed_max, reduce="max")
 
 
 def scenario_skew_mean() -> dict[str, Any]:
-    return _skew(skewed_mean, "mean")
+    return _tune_add_one(skewed_mean, reduce="mean")
 
 
 def scenario_early_stop() -> dict[str, Any]:
-    @contextual_autotune(is_dist=True, n_warmup=1, n_repeat=3, early_stop=1.5)
-    def op(x: torch.Tensor):
-        h = x.clone()
-        early[grid(h.numel())](h, h.numel())
-        return h
-
-    x = ramp(64)
-    y = op(x)
-    return {"ok": bool(torch.equal(y, x + 1)), "blocks": _blocks(early), "executions": op.last_call.executions}
+    return _tune_add_one(early, n_warmup=1, n_repeat=3, early_stop=1.5)
 
 
 def scenario_all_fail_on_rank1() -> dict[str, Any]:
-    @contextual_autotune(is_dist=True, **FAST)
-    def op(x: torch.Tensor):
-        h = x.clone()
-        fails_everywhere_on_rank1[grid(h.numel())](h, h.numel())
-        return h
-
-    op(ramp(64))
-    return {"ok": False}
+    return _tune_add_one(fails_everywhere_on_rank1)  # raises NoValidConfigError on every rank
 
 
 def scenario_mismatch() -> dict[str, Any]:
-    @contextual_autotune(is_dist=True, **FAST)
-    def op(x: torch.Tensor):
-        h = x.clone()
-        plain[grid(h.numel())](h, h.numel())
-        return h
-
-    op(ramp(64 + 8 * rank()))  # rank-dependent shape
-    return {"ok": False}
+    return _tune_add_one(plain, n=64 + 8 * rank())  # rank-dependent shape: raises RankMismatchError
 
 
 def scenario_straggler() -> dict[str, Any]:
@@ -193,6 +164,18 @@ def scenario_straggler() -> dict[str, Any]:
     return {"ok": True, "elapsed": time.monotonic() - start}
 
 
+def init_group() -> str:
+    """Join the torchrun group: NCCL on GPUs (one per local rank), else gloo. Returns the backend."""
+    backend = os.environ.get("TRITON_CTX_TUNE_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
+    # NCCL creates its communicator at the first collective, blocking until every rank arrives; a real
+    # job has long done that before it tunes, and the tuner's deadlines start from there.
+    dist.barrier()
+    return backend
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 
@@ -201,13 +184,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
     args = parser.parse_args()
-    backend = os.environ.get("TRITON_CTX_TUNE_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
-    # NCCL creates its communicator at the first collective, blocking until every rank arrives; a real
-    # job has long done that before it tunes, and the tuner's deadlines start from there.
-    dist.barrier()
+    backend = init_group()
     out = Path(args.out)
     for name in args.scenarios:
         start = time.monotonic()
