@@ -1,11 +1,11 @@
 """One tuning call: the states it meets, what each launch runs, and the decision at each step's end.
 
-A step is one execution of the tuned function. During a step every launch of a (kernel, key)
-that is still being tuned takes that key's next slot. At the end of the step, ranks check that
-they agree on what they tune, and the keys whose slots ran out are decided together: their
-timings are gathered from every rank, reduced, and the group's rank 0 broadcasts the winners.
-A key that rank 0 finds in the persistent cache (cache.py) skips all of this: its winner runs
-from the first launch, on every rank.
+A step is one execution of the tuned function. A new (kernel, key) is first looked up in the
+persistent cache (cache.py: rank 0 answers for everyone) and otherwise precompiled
+(precompile.py); then every launch of it takes that key's next slot. At the end of the step,
+ranks check that they agree on what they tune, and the keys whose planned slots ran out are
+decided together: their timings are gathered from every rank and reduced, and the group's rank 0
+broadcasts either the survivors of a screening pass or the winner.
 """
 from __future__ import annotations
 
