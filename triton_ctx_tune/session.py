@@ -197,36 +197,37 @@ class Session:
             record.failure = "skipped: this config failed in an earlier slot"
         elif slot is not None:
             token = self.timer.start(flush=True) if slot.timed else None
-            try:
-                ret = launch_config(state.autotuner, state.configs[slot.config], args, kwargs)
-            except Exception as e:
-                reason = config_failure_reason(e)
-                if reason is None:
-                    raise
-                state.fail(slot.config, reason)
-                record.failure = reason
+            ok, out = self._try_launch(state, slot.config, args, kwargs)
+            if not ok:
+                record.failure = out
             else:
                 state.works.add(slot.config)
                 record.ran = slot.config
                 if token is not None:
                     record.sample = self.timer.stop(token)
                     state.samples[slot.config].append(record.sample)
-                return ret
+                return out
         return self._fallback(state, record, args, kwargs)
+
+    def _try_launch(self, state: KeyState, index: int, args: tuple, kwargs: dict[str, Any]) -> tuple[bool, Any]:
+        """Launch config `index`: (True, its return value), or (False, the reason) if the config cannot
+        run here, which also marks it failed. Any other exception is the user's and propagates."""
+        try:
+            return True, launch_config(state.autotuner, state.configs[index], args, kwargs)
+        except Exception as e:
+            reason = config_failure_reason(e)
+            if reason is None:
+                raise
+            state.fail(index, reason)
+            return False, reason
 
     def _fallback(self, state: KeyState, record: SlotRecord, args: tuple, kwargs: dict[str, Any]) -> Any:
         """Keep the function running with a config known to work here; skip the launch if none is."""
         while (index := state.fallback()) is not None:
-            try:
-                ret = launch_config(state.autotuner, state.configs[index], args, kwargs)
-            except Exception as e:
-                reason = config_failure_reason(e)
-                if reason is None:
-                    raise
-                state.fail(index, reason)
-                continue
-            record.ran = index
-            return ret
+            ok, out = self._try_launch(state, index, args, kwargs)
+            if ok:
+                record.ran = index
+                return out
         return None
 
     # ---- steps --------------------------------------------------------------------------------
