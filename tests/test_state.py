@@ -11,7 +11,7 @@ from triton_ctx_tune.state import KeyState, Slot, pick_winner, summarize
 def _state(n_configs: int = 3, n_warmup: int = 1, n_repeat: int = 2) -> KeyState:
     configs = [triton.Config({"BLOCK": 16 << i}) for i in range(n_configs)]
     return KeyState(autotuner=None, key=(1,), configs=configs, n_warmup=n_warmup, n_repeat=n_repeat,  # type: ignore[arg-type]
-                    kernel="k", created_step=0)
+                    kernel="k")
 
 
 def test_slots_walk_each_config_warmup_then_timed():
@@ -49,7 +49,7 @@ def test_summaries():
 
 def test_screening_then_interleaved_measurement_of_survivors():
     s = KeyState(autotuner=None, key=(1,), configs=[triton.Config({"BLOCK": b}) for b in (16, 32, 64)],  # type: ignore[arg-type]
-                 n_warmup=2, n_repeat=3, kernel="k", created_step=0, early_stop=1.5)
+                 n_warmup=2, n_repeat=3, kernel="k", early_stop=1.5)
     assert s.screening and [s.take_slot() for _ in range(6)] == [
         Slot(0, 0, False), Slot(0, 1, True), Slot(1, 0, False), Slot(1, 1, True), Slot(2, 0, False), Slot(2, 1, True)]
     assert s.exhausted

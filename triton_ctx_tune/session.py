@@ -175,7 +175,7 @@ class Session:
     def _new_state(self, at: Autotuner, key: tuple, configs: list, args: tuple, kwargs: dict[str, Any]) -> KeyState:
         self._ensure_header()
         state = KeyState(at, key, configs, self.opts.n_warmup, self.opts.n_repeat, kernel_name(at),
-                         self.stats.executions, early_stop=self.early_stop)
+                         early_stop=self.early_stop)
         self.states[(id(at), key)] = state
         self.new_states.append(state)
         if self.opts.resolved_precompile():

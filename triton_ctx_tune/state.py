@@ -44,7 +44,6 @@ class KeyState:
     n_warmup: int
     n_repeat: int
     kernel: str
-    created_step: int
     samples: list[list[Callable[[], float]]] = field(default_factory=list)
     failures: dict[int, str] = field(default_factory=dict)
     works: set[int] = field(default_factory=set)
