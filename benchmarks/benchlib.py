@@ -192,7 +192,8 @@ def triton_ctx_tune_version() -> str:
         return f"unavailable ({type(e).__name__})"
 
 
-def provenance(ranks: Ranks) -> dict[str, Any]:
+def provenance(ranks: Ranks | None) -> dict[str, Any]:
+    """Hardware, versions, date and commit of a result; `ranks` is None for a single-process benchmark."""
     driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
     commit = _run(["git", "rev-parse", "HEAD"]) or os.environ.get("GIT_COMMIT")
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"])
@@ -201,7 +202,8 @@ def provenance(ranks: Ranks) -> dict[str, Any]:
         "gpu": name, "gpu_short": gpu_short_name(name),
         "driver": driver.splitlines()[0].strip() if driver else None,
         "torch": torch.__version__, "triton": triton.__version__, "triton_ctx_tune": triton_ctx_tune_version(),
-        "python": sys.version.split()[0], "world": ranks.world, "backend": str(dist.get_backend()),
+        "python": sys.version.split()[0], "world": ranks.world if ranks else 1,
+        "backend": str(dist.get_backend()) if dist.is_initialized() else None,
         "interpreter": interpreting(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": commit, "git_dirty": bool(dirty) if commit and dirty is not None else None,

@@ -157,6 +157,19 @@ def early_pruned_add_one_(x_ptr, n, BLOCK: tl.constexpr):
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
 
 
+def _one_if_small(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
+    return [c for c in configs if c.kwargs["BLOCK"] <= (16 if named_args["n"] <= 32 else 64)]
+
+
+@triton.autotune(configs=block_configs([16, 32, 64]), key=["n"], prune_configs_by={"early_config_prune": _one_if_small})
+@triton.jit
+def small_pruned_add_one_(x_ptr, n, BLOCK: tl.constexpr):
+    """Pruned to BLOCK 16 alone for n <= 32: even Triton's own run then needs no benchmark."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
 def _model(x_ptr, n, BLOCK, **kwargs: Any) -> float:
     return -BLOCK  # predicts that bigger blocks are faster: top_k=2 keeps 128 and 64
 
@@ -171,7 +184,8 @@ def modelled_add_one_(x_ptr, n, BLOCK: tl.constexpr):
 
 
 ALL = [add_one_, double_, scale_copy, limited_add_one_, limited_mid_add_one_, single_config_add_one_, accumulate,
-       restored_add_one_, heur_inner_add_one_, heur_outer_add_, early_pruned_add_one_, modelled_add_one_]
+       restored_add_one_, heur_inner_add_one_, heur_outer_add_, early_pruned_add_one_, modelled_add_one_,
+       small_pruned_add_one_]
 
 
 def autotuner(k: Any) -> Autotuner:

@@ -13,7 +13,8 @@ import torch
 pytestmark = pytest.mark.dist
 
 ROOT = Path(__file__).resolve().parents[1]
-NORMAL = ["agree", "one_rank_fails", "skew_max", "skew_mean", "early_stop", "all_fail_on_rank1", "mismatch"]
+NORMAL = ["agree", "one_rank_fails", "skew_max", "skew_mean", "early_stop", "all_fail_on_rank1", "mismatch",
+          "backward", "backward_checkpoint"]
 DEADLINE_S = 600
 
 
@@ -120,6 +121,24 @@ def test_mismatched_shapes_raise_the_mismatch_error_on_every_rank(normal_runs):
         for other in range(world):
             assert f"ranks [{other}]" in r["error"]
             assert f"key=({64 + 8 * other}, 'torch.float32')" in r["error"]
+
+
+@pytest.mark.parametrize("scenario", ["backward", "backward_checkpoint"])
+def test_backward_kernels_of_a_training_step_are_tuned_by_the_call_on_every_rank(normal_runs, scenario):
+    world, results, out = normal_runs
+    rows = results[scenario]
+    _no_errors(rows)
+    assert all(r["ok"] for r in rows)  # the gradient is exact: one accumulation, all-reduced
+    # Alone, rank 0 would choose 32 and rank 1 16; the call's MAX consensus gives 16 everywhere.
+    assert all(r["blocks"] == {"(64, 'torch.float32', 'torch.float32')": 16} for r in rows)
+    assert all(r["tuned"] == ["_accumulate (64, 'torch.float32', 'torch.float32')"] for r in rows)
+    assert len({r["executions"] for r in rows}) == 1 and rows[0]["executions"] == 3 * 4 + 1
+    if _gpus():
+        assert all(r["backward_threads"] == ["other"] for r in rows)  # autograd's device thread
+    for r in range(world):
+        events = [json.loads(line) for line in (out / "logs" / f"rank-{r}.jsonl").read_text().splitlines()]
+        decisions = [e for e in events if e["event"] == "decision" and e["kernel"] == "_accumulate"]
+        assert decisions and all(d["winner"] == 0 and len(d["per_rank"]) == world for d in decisions)
 
 
 def test_per_rank_logs_hold_slots_and_reduced_decisions(normal_runs):

@@ -4,11 +4,12 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .errors import (CollectiveTimeoutError, CtxTuneError, EmptyConfigSpaceError, InvalidOptionError,  # noqa: E402
-                     NoValidConfigError, RankMismatchError)
+                     NoValidConfigError, RankMismatchError, TuneDuringCaptureError, UnattributedLaunchWarning)
 from .patch import autotuner_patch  # noqa: E402
+from .resolver import carry  # noqa: E402
 from .session import CallStats  # noqa: E402
 from .tuner import ContextualAutotuner, contextual_autotune  # noqa: E402
 
-__all__ = ["contextual_autotune", "ContextualAutotuner", "autotuner_patch", "CallStats", "CtxTuneError",
+__all__ = ["contextual_autotune", "ContextualAutotuner", "autotuner_patch", "carry", "CallStats", "CtxTuneError",
            "InvalidOptionError", "EmptyConfigSpaceError", "NoValidConfigError", "RankMismatchError",
-           "CollectiveTimeoutError", "__version__"]
+           "CollectiveTimeoutError", "TuneDuringCaptureError", "UnattributedLaunchWarning", "__version__"]

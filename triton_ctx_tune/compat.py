@@ -15,7 +15,7 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.errors import InterpreterError, OutOfResources, PTXASError
 
 __all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "interpret_mode", "tuning_key",
-           "prune_configs", "launch_config", "compile_only", "load_binary", "reset_before_final_launch", "config_failure_reason", "kernel_name", "kernel_source",
+           "prune_configs", "launch_config", "launch_cached", "compile_only", "load_binary", "reset_before_final_launch", "config_failure_reason", "kernel_name", "kernel_source",
            "autotuner_definition", "autotuner_hooks",
            "config_to_dict", "config_str", "print_autotuning", "notify_listener"]
 
@@ -91,6 +91,18 @@ def launch_config(at: Autotuner, config: Config, args: Sequence[Any], kwargs: di
         raise
     at.post_hook(full_nargs, exception=None)
     return ret
+
+
+def launch_cached(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """What Autotuner.run does once it has found its key in `cache`, without computing the key again.
+
+    The warm path of a tuning call computes the key itself (tuning_key), so calling Triton's
+    run after it would pay for the key twice on every launch.
+    """
+    at.best_config = config
+    if config.pre_hook is not None:
+        config.pre_hook({**_named_args(at, args), **kwargs, **config.all_kwargs()})
+    return at.fn.run(*args, **kwargs, **config.all_kwargs())
 
 
 def compile_only(at: Autotuner, configs: Sequence[Config], args: Sequence[Any], kwargs: dict[str, Any]) -> list:

@@ -66,6 +66,29 @@ class CollectiveTimeoutError(CtxTuneError):
         self.timeout_s = timeout_s
 
 
+class UnattributedLaunchWarning(UserWarning):
+    """A launch Triton will tune on its own, on this rank alone, while a tuning call is open."""
+
+    def __init__(self, kernel: str, key: object) -> None:
+        super().__init__(
+            f"kernel {kernel}, key {key!r} was launched outside any tuning call while one is open in this "
+            "process, so Triton's own autotuner tunes it on this rank alone. If the tuned function caused this "
+            "launch from a thread it started, wrap that thread's target with triton_ctx_tune.carry(fn).")
+        self.kernel = kernel
+        self.key = key
+
+
+class TuneDuringCaptureError(CtxTuneError):
+    """A call would tune while the current CUDA stream is being captured into a graph."""
+
+    def __init__(self, function: str, kernel: str, key: object) -> None:
+        super().__init__(
+            f"{function}: kernel {kernel}, key {key!r} is not tuned yet and the current CUDA stream is capturing "
+            "a graph; tuning re-executes the function and synchronizes, which would invalidate the capture. "
+            "Fix: call the function once before capturing it (warm-up), so that every key is tuned.")
+        self.function = function
+
+
 class CacheWarning(UserWarning):
     """A tuning-cache entry could not be read, used or written; the key is tuned instead."""
 

@@ -1,31 +1,31 @@
-"""The scoped patch of triton.runtime.autotuner.Autotuner.run.
+"""The patch of triton.runtime.autotuner.Autotuner.run.
 
 `install()` swaps in a dispatcher and returns its undo; `autotuner_patch()` is the same as a
-context manager. Installs are counted, so nested and concurrent tuning calls share one patch
-and the last one out puts Triton's own method back. The dispatcher hands a launch to the
-tuning session of the *current context* (a ContextVar), so a thread that is not tuning, or
-code outside any tuning call, runs Triton's original method unchanged.
+context manager. Installs are counted, so nested and concurrent users share one patch and the
+last one out puts Triton's own method back.
+
+The dispatcher asks the resolver which tuning call caused the launch and hands the launch to
+it; with no such call it runs Triton's original method unchanged. Tuned functions keep the
+patch *resident* from their first call on (`make_resident()`), because installing and removing
+it on every call (a lock and two class writes) would cost a warm call more than everything else
+together; outside tuning calls the dispatcher only adds two lookups per launch. `release()`
+gives the resident hold back.
 """
 from __future__ import annotations
 
 import contextlib
 import threading
 import warnings
-from contextvars import ContextVar
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator
 
+from . import resolver
 from .compat import Autotuner
-
-
-class LaunchHandler(Protocol):
-    def launch(self, at: Autotuner, args: tuple, kwargs: dict[str, Any]) -> Any: ...
-
-
-current_handler: ContextVar[LaunchHandler | None] = ContextVar("triton_ctx_tune_session", default=None)
 
 _lock = threading.Lock()
 _installs = 0
 _original: Callable[..., Any] | None = None
+_resident_undo: Callable[[], None] | None = None
+resident = False  # read on every call of a tuned function: a plain module global is the cheapest check
 
 
 def original_run() -> Callable[..., Any]:
@@ -34,10 +34,12 @@ def original_run() -> Callable[..., Any]:
 
 
 def _dispatching_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
-    handler = current_handler.get()
-    if handler is None:
-        return original_run()(self, *args, **kwargs)
-    return handler.launch(self, args, kwargs)
+    call = resolver.current()
+    if call is not None:
+        return call.launch(self, args, kwargs)
+    if resolver.open_calls:
+        resolver.note_unattributed(self, args, kwargs)
+    return (_original if _original is not None else original_run())(self, *args, **kwargs)
 
 
 def is_installed() -> bool:
@@ -66,11 +68,36 @@ def install() -> Callable[[], None]:
                 if is_installed():
                     Autotuner.run = _original  # type: ignore[method-assign]
                 else:
-                    warnings.warn("triton_ctx_tune: Autotuner.run was replaced by someone else while tuning; "
+                    warnings.warn("triton_ctx_tune: Autotuner.run was replaced by someone else while patched; "
                                   "leaving their version in place.", RuntimeWarning, stacklevel=2)
                 _original = None
 
     return undo
+
+
+def make_resident() -> None:
+    """Hold the patch for the rest of the process (first call of any tuned function)."""
+    global _resident_undo, resident
+    with _lock:
+        if resident:
+            return
+    undo = install()
+    with _lock:
+        if resident:  # another thread won the race: give our hold back
+            extra = undo
+        else:
+            _resident_undo, resident, extra = undo, True, None
+    if extra is not None:
+        extra()
+
+
+def release() -> None:
+    """Give back the resident hold: Triton's own run returns once no other install is held."""
+    global _resident_undo, resident
+    with _lock:
+        undo, _resident_undo, resident = _resident_undo, None, False
+    if undo is not None:
+        undo()
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ from .compat import (Autotuner, compile_only, config_failure_reason, config_str,
 from .errors import CtxTuneError, EmptyConfigSpaceError, NoValidConfigError, RankMismatchError
 from .logs import RankLog, fmt_ms
 from .options import TuneOptions
-from .patch import current_handler, original_run
+from .patch import original_run
 from .progress import Progress, steps_left
 from .precompile import default_threads, precompile
 from .state import KeyState, Slot, SlotRecord, pick_winner, screen
@@ -64,8 +65,10 @@ class Session:
         self.tuning_launches = 0
         self.stats = CallStats(function)
         self._started = time.perf_counter()
-        self._token: Any = None
         self._logged_header = False
+        # Autograd runs a backward's launches on its own thread while the caller waits, and a
+        # function may launch from threads it starts (resolver.carry): one launch at a time.
+        self._lock = threading.RLock()
 
     # Built on first use: a call whose keys are all in Autotuner.cache needs none of them, and a
     # tuned function called in a hot loop should cost little more than the function itself.
@@ -95,27 +98,26 @@ class Session:
     def progress(self) -> Progress:
         return Progress.on_terminal(self.function, self.comm.global_rank, self.opts.resolved_quiet())
 
-    def __enter__(self) -> Session:
-        self._token = current_handler.set(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        current_handler.reset(self._token)
+    def close(self, exc_type: type[BaseException] | None = None, exc: BaseException | None = None) -> None:
         if "progress" in self.__dict__:
             self.progress.clear()
         self.stats.wall_s = time.perf_counter() - self._started
         if self._logged_header:
             self.log.write("end", f"=== {self.function}: {self.stats.executions} executions, "
                            f"{self.stats.wall_s:.3f} s, {len(self.stats.tuned)} keys tuned"
-                           + ("" if exc[0] is None else f", stopped by {exc[0].__name__}"),
+                           + ("" if exc_type is None else f", stopped by {exc_type.__name__}"),
                            function=self.function, executions=self.stats.executions, wall_s=self.stats.wall_s,
-                           error=None if exc[0] is None else repr(exc[1]))
+                           error=None if exc_type is None else repr(exc))
         if "log" in self.__dict__:
             self.log.close()
 
-    # ---- launches (called by the patched Autotuner.run) -------------------------------------
+    # ---- launches (handed over by call.Call) -------------------------------------------------
 
     def launch(self, at: Autotuner, args: tuple, kwargs: dict[str, Any]) -> Any:
+        with self._lock:
+            return self._launch(at, args, kwargs)
+
+    def _launch(self, at: Autotuner, args: tuple, kwargs: dict[str, Any]) -> Any:
         run = original_run()
         if len(at.configs) <= 1:
             return run(at, *args, **kwargs)

@@ -1,15 +1,17 @@
 """The decorator: re-execute a side-effecting function once per config step, then once with the winners."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 from typing import Any, Callable, Generic, TypeVar, overload
 
-from . import patch
+import torch
+
+from . import patch, resolver
+from .call import Call
 from .errors import InvalidOptionError
 from .options import TuneOptions
-from .session import CallStats, Session
+from .session import CallStats
 
 R = TypeVar("R")
 
@@ -21,26 +23,50 @@ class ContextualAutotuner(Generic[R]):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.opts = opts
-        self.last_call: CallStats | None = None
+        self.name: str = getattr(fn, "__qualname__", repr(fn))
+        self._last: Call | None = None
+        # torch.compile: Dynamo cannot trace the tuner (ContextVars, re-execution), and tracing the
+        # function itself would hand its kernels to Inductor, whose autotuner benchmarks on live
+        # data. So the whole call is one graph break, run eagerly.
+        self._eager_call = torch.compiler.disable(self._call, recursive=True)
+
+    @property
+    def last_call(self) -> CallStats | None:
+        """What the last call did: executions, keys tuned, cache hits, wall time."""
+        return None if self._last is None else self._last.stats
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         return self if instance is None else functools.partial(self, instance)
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
-        if patch.current_handler.get() is not None:
+        if torch.compiler.is_compiling():
+            return self._eager_call(*args, **kwargs)
+        return self._call(*args, **kwargs)
+
+    def _call(self, *args: Any, **kwargs: Any) -> R:
+        if resolver.current() is not None:
             # Inside another tuning call: this function is part of that call's function,
             # so its launches join that call's schedule instead of looping on their own.
             return self.fn(*args, **kwargs)
-        name = getattr(self.fn, "__qualname__", repr(self.fn))
-        with contextlib.ExitStack() as stack:
-            stack.callback(patch.install())
-            session = stack.enter_context(Session(name, self.opts))
-            while True:
-                session.begin_step()
-                result = self.fn(*args, **kwargs)
-                if session.end_step():
-                    break
-        self.last_call = session.stats
+        if not patch.resident:
+            patch.make_resident()
+        call = Call(self.name, self.opts)
+        self._last = call
+        undo = resolver.attribute(call)
+        # try/except rather than an ExitStack: this is the warm path, paid on every call.
+        try:
+            result = self.fn(*args, **kwargs)
+            session = call.session
+            if session is not None:  # a key was not tuned: the call became a tuning call
+                while not session.end_step():
+                    session.begin_step()
+                    result = self.fn(*args, **kwargs)
+        except BaseException as e:
+            undo()
+            call.close(type(e), e)
+            raise
+        undo()
+        call.close()
         return result
 
 
