@@ -17,7 +17,9 @@ Threads a call starts itself carry neither; wrap their target with `carry(fn)`.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
+import sys
 import warnings
 from contextvars import ContextVar
 from typing import Any, Callable, Optional, Protocol, TypeVar
@@ -41,12 +43,50 @@ class TuningCall(Protocol):
 
 
 _current: ContextVar[Optional[TuningCall]] = ContextVar("triton_ctx_tune_call", default=None)
-_stash = torch._C._stash_obj_in_tls
 _get = torch._C._get_obj_in_tls
 _has = torch._C._is_key_in_tls
-# Erasing the entry, rather than storing None, leaves nothing whose destructor needs the GIL at
-# thread exit; torch < 2.12 has no eraser, and None is what an absent call looks like.
-_erase: Callable[[str], None] = getattr(torch._C, "_remove_obj_from_tls", lambda key: _stash(key, None))
+_remove: Callable[[str], None] | None = getattr(torch._C, "_remove_obj_from_tls", None)
+
+
+def _steals_reference() -> bool:
+    """Whether this torch's _stash_obj_in_tls keeps the object without taking a reference of its own.
+
+    Some releases wrap the object in a SafePyObject without an incref, yet release one when the
+    entry is replaced, so a stashed object would be freed while still in use. Measured once here.
+    """
+    probe = object()
+    before = sys.getrefcount(probe)
+    torch._C._stash_obj_in_tls("triton_ctx_tune.probe", probe)
+    steals = sys.getrefcount(probe) == before
+    if steals:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(probe))  # the reference the entry will release
+    if _remove is not None:
+        _remove("triton_ctx_tune.probe")
+    else:
+        _stash_raw("triton_ctx_tune.probe", None, steals)
+    return steals
+
+
+def _stash_raw(key: str, obj: Any, steals: bool) -> None:
+    if steals:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+    torch._C._stash_obj_in_tls(key, obj)
+
+
+_STEALS = _steals_reference()
+
+
+def _stash(key: str, obj: Any) -> None:
+    _stash_raw(key, obj, _STEALS)
+
+
+def _erase(key: str) -> None:
+    # Erasing leaves nothing whose destructor needs the GIL at thread exit; torch releases without
+    # the eraser get None, which current() reads as "no call".
+    if _remove is not None:
+        _remove(key)
+    else:
+        _stash(key, None)
 
 
 open_calls: set[int] = set()  # ids of the calls open in this process; set.add/discard are atomic
