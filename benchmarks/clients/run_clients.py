@@ -173,6 +173,17 @@ def main(argv: list[str] | None = None) -> int:
         return selfcheck.main()
 
     cache = setup_env(args.arm)
+    try:
+        return run_job(args, cache)
+    finally:  # also after a fail-fast exit: the directory this script made is removed once
+        if cache["created_by_script"] and not args.keep_triton_cache and os.environ.get("LOCAL_RANK", "0") == "0":
+            import shutil
+
+            shutil.rmtree(cache["dir"], ignore_errors=True)
+
+
+def run_job(args: argparse.Namespace, cache: dict[str, Any]) -> int:
+    """Check the device and the libraries, start the process group, run the clients in this arm."""
     single_process_defaults()
     import torch
     import torch.distributed as dist
@@ -194,14 +205,10 @@ def main(argv: list[str] | None = None) -> int:
 
         ranks = Ranks()
         status = run(args, ranks, specs, cache)
-        ranks.barrier()  # no rank still compiles into the cache directory when it is removed below
+        ranks.barrier()  # no rank still compiles into the cache directory when it is removed
         return status
     finally:
         dist.destroy_process_group()
-        if cache["created_by_script"] and not args.keep_triton_cache and local == 0:
-            import shutil
-
-            shutil.rmtree(cache["dir"], ignore_errors=True)
 
 
 # ---- the run ----------------------------------------------------------------------------------------
