@@ -17,6 +17,6 @@ setup(
     packages=["triton_ctx_tune"],
     python_requires=">=3.9",
     install_requires=["triton>=3.4", "torch>=2.4", "numpy"],
-    extras_require={"test": ["pytest>=7"], "plot": ["matplotlib"]},
+    extras_require={"test": ["pytest>=7"], "plot": ["matplotlib"], "clients": ["fla-core==0.6.0", "cut-cross-entropy==25.1.1"]},
     entry_points={"console_scripts": ["triton-ctx-tune=triton_ctx_tune.cli:main"]},
 )
