@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     arms["ours"] = (lambda: ours_fn(a, b), Autotuner.__dict__["run"])
 
     if args.td_path:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():  # its logging asks for the rank even with is_dist=False
+            dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29533", rank=0, world_size=1)
         Autotuner.run = PRISTINE_RUN  # type: ignore[method-assign]
         td = load_td(args.td_path)
         td_run = Autotuner.__dict__["run"]

@@ -60,8 +60,12 @@ def main() -> None:
     tuned = [f"{t.kernel} {t.key!r}" for t in tuned_add_one.last_call.tuned]
     executions = tuned_add_one.last_call.executions
     second = compiled(x)
+    # Dynamo's counter also counts restarts of one analysis; explain() counts the breaks of the graph.
+    explained = torch._dynamo.explain(model)(x)
     result = {"first_err": float((first - want).abs().max()), "second_err": float((second - want).abs().max()),
-              "graph_breaks": breaks, "tuned": tuned, "executions": executions,
+              "graph_breaks": explained.graph_break_count, "break_counter": breaks,
+              "break_reasons": [str(r.reason)[:200] for r in explained.break_reasons],
+              "tuned": tuned, "executions": executions,
               "triton_cache": {repr(k): str(v) for k, v in ours_kernel.cache.items()}}
     torch._dynamo.utils.counters.clear()
     got = torch.compile(control)(x)

@@ -82,8 +82,9 @@ def test_torch_compile_first_call_is_exact_in_a_fresh_process_and_tuned_by_us(tm
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     print(json.dumps(result))  # the control's error is evidence for the README, not an assertion
-    assert result["first_err"] == 0.0 and result["second_err"] == 0.0
-    assert result["graph_breaks"] <= 1
+    # x * 2 + 1 + 1 against x * 2 + 2: rounding only; one extra application of the kernel would be 1.
+    assert result["first_err"] < 1e-5 and result["second_err"] < 1e-5
+    assert result["graph_breaks"] <= 1, result["break_reasons"]
     assert result["tuned"] == ["_add_one (65536, 'torch.float32')"] and result["executions"] > 1
     assert list(result["triton_cache"]) == ["(65536, 'torch.float32')"]
 
