@@ -83,3 +83,66 @@ def test_every_environment_variable_the_package_reads_is_checked_and_documented(
     for name in BAD_ENV:
         assert name in ENVIRONMENT
     TuneOptions()  # the test environment itself is valid
+
+
+# ---- python -m triton_ctx_tune ------------------------------------------------------------------
+
+
+def run_cli(capsys, *argv: object) -> tuple[int, str, str]:
+    from triton_ctx_tune.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def tune_double(cache: Path) -> None:
+    @contextual_autotune(n_warmup=1, n_repeat=1, early_stop=False, cache_dir=cache)
+    def op(x: torch.Tensor):
+        h = x.clone()
+        K.double_[grid(h.numel())](h, h.numel())
+        return h
+
+    for n in (96, 40):  # two keys, two entries
+        x = torch.arange(n, dtype=torch.float32, device=DEVICE)
+        torch.testing.assert_close(op(x), x * 2)
+
+
+def test_cache_clear_in_a_shared_folder_removes_only_our_entries(tmp_path, capsys):
+    from triton_ctx_tune import cache as C
+
+    shared = tmp_path / "shared"
+    tune_double(shared)
+    ours = C.entry_paths(shared)
+    assert len(ours) == 2
+    damaged = shared / f"double_-{'0' * 64}.json"
+    damaged.write_text(f'{{"format": "{C.FORMAT}", "identity": {{')  # ours, truncated
+    old = shared / f"double_-{'1' * 64}.json"
+    old.write_text('{"format": "triton_ctx_tune.cache/0"}')  # ours, from an older release
+    temp = shared / f".{ours[0].name}.k3x_9q.tmp"  # a writer killed before its rename
+    temp.write_text("{")
+    # A user's own files, one of them even named like an entry.
+    user_files = {"settings.json": '{"theme": "dark"}', "notes.txt": "mine",
+                  f"mykernel-{'a' * 64}.json": '{"format": "someone-elses/1"}', ".hidden.tmp": "x"}
+    for name, text in user_files.items():
+        (shared / name).write_text(text)
+    (shared / "sub").mkdir()
+    (shared / "sub" / "inner.json").write_text("{}")
+
+    code, out, _ = run_cli(capsys, "cache", "list", "--cache-dir", shared)
+    assert code == 0 and out.startswith(f"{shared}: 2 entries, 3 invalid\n")
+    assert "settings.json" not in out and "notes.txt" not in out
+    foreign = shared / f"mykernel-{'a' * 64}.json"
+    assert (f"NOT AN ENTRY {foreign}: format is 'someone-elses/1', expected "
+            f"'{C.FORMAT}' (named like one, but not written by triton_ctx_tune; `cache clear` leaves it "
+            "alone)") in out
+
+    code, out, err = run_cli(capsys, "cache", "clear", "--cache-dir", shared)
+    assert code == 0 and err == ""
+    assert out.splitlines() == [
+        f"removed 4 entries from {shared} and 1 leftover temporary files",
+        f"left 5 other files alone, which are not tuning-cache entries: .hidden.tmp, mykernel-{'a' * 64}.json, "
+        "notes.txt, settings.json, sub"]
+    assert sorted(p.name for p in shared.iterdir()) == sorted([*user_files, "sub"])
+    assert {name: (shared / name).read_text() for name in user_files} == user_files
+    assert (shared / "sub" / "inner.json").read_text() == "{}"

@@ -235,7 +235,7 @@ def test_list_flags_invalid_entries_and_clear_takes_selectors(tuned, capsys):
     cache = tuned["cache"]
     paths = {p.name.split("-")[0]: p for p in C.entry_paths(cache)}
     paths["_limited"].write_text('{"format": "triton_ctx_tune.cache/1", "ident')
-    (cache / ".leftover.json.123.tmp").write_text("{")
+    (cache / f".{paths['double_'].name}.x1_y2z3.tmp").write_text("{")  # what a killed writer leaves
     code, out, _ = run(capsys, "cache", "list", "--cache-dir", cache)
     assert code == 0 and out.startswith(f"{cache}: 1 entry, 1 invalid")
     assert f"INVALID {paths['_limited']}: is not valid JSON" in out

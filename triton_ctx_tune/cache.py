@@ -73,12 +73,17 @@ def resolve_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 
 class CacheEntryError(Exception):
-    """One file that is not a usable entry; internal, turned into a CacheWarning or a CacheError."""
+    """One file that is not a usable entry; internal, turned into a CacheWarning or a CacheError.
 
-    def __init__(self, path: Path | str, reason: str) -> None:
+    `foreign`: the file is readable JSON that is not ours at all (no triton_ctx_tune.cache format),
+    though its name looks like an entry's; `cache clear` leaves such files alone.
+    """
+
+    def __init__(self, path: Path | str, reason: str, foreign: bool = False) -> None:
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+        self.foreign = foreign
 
 
 # ---- identity ---------------------------------------------------------------------------------
@@ -142,6 +147,17 @@ def agreement_digest(ident: dict[str, Any]) -> bytes:
 
 def entry_filename(kernel: str, eid: str) -> str:
     return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', kernel)[:80]}-{eid}{ENTRY_SUFFIX}"
+
+
+# What entry_filename writes, and the temporary files of write_json_atomically (mkstemp's
+# random part) on the way to it. A shared folder's other files match neither.
+_ENTRY_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}-[0-9a-f]{64}\.json"
+_ENTRY_FILE = re.compile(rf"^{_ENTRY_NAME}$")
+_ENTRY_TEMP_FILE = re.compile(rf"^\.{_ENTRY_NAME}\.[A-Za-z0-9_]+\.tmp$")
+
+
+def is_entry_name(name: str) -> bool:
+    return _ENTRY_FILE.match(name) is not None
 
 
 # ---- entries ----------------------------------------------------------------------------------
@@ -253,7 +269,8 @@ def read_entry(path: Path) -> dict[str, Any]:
         raise CacheEntryError(path, f"is not valid JSON, probably truncated or corrupted ({e})") from None
     problem = entry_problem(entry)
     if problem is not None:
-        raise CacheEntryError(path, problem)
+        ours = isinstance(entry, dict) and str(entry.get("format", "")).startswith(FORMAT.split("/")[0] + "/")
+        raise CacheEntryError(path, problem, foreign=not ours)
     return entry
 
 
@@ -282,9 +299,10 @@ def write_entry(directory: Path, entry: dict[str, Any]) -> Path:
 
 
 def entry_paths(directory: Path) -> list[Path]:
+    """Files named like an entry (KERNEL-SHA256.json); the cache directory may be a folder shared with other files."""
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.iterdir() if p.name.endswith(ENTRY_SUFFIX) and not p.name.startswith("."))
+    return sorted(p for p in directory.iterdir() if is_entry_name(p.name))
 
 
 def iter_entries(directory: Path) -> Iterator[tuple[Path, dict[str, Any] | CacheEntryError]]:
@@ -299,10 +317,10 @@ def iter_entries(directory: Path) -> Iterator[tuple[Path, dict[str, Any] | Cache
 
 
 def stale_temp_files(directory: Path) -> list[Path]:
-    """Temporary files left by writers that were killed between write and rename."""
+    """Temporary files of entries, left by writers that were killed between write and rename."""
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp"))
+    return sorted(p for p in directory.iterdir() if _ENTRY_TEMP_FILE.match(p.name))
 
 
 # ---- the session's view -----------------------------------------------------------------------

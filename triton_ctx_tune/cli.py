@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_cache_show)
     p = actions.add_parser("clear", parents=[common], help="delete entries",
                            description="Delete the selected entries (all of them, and leftover temporary "
-                           "files, when no selector is given).")
+                           "files, when no selector is given). Only files this package wrote are touched: those named "
+                           "KERNEL-SHA256.json that hold a triton_ctx_tune cache entry (or a damaged one); other files "
+                           "in the directory are left alone.")
     p.add_argument("select", nargs="*", metavar="SELECTOR", help=_SELECTORS)
     p.set_defaults(run=_cache_clear)
     p = actions.add_parser("export", parents=[common], help="write entries into one JSON file",
@@ -139,7 +141,10 @@ def _cache_list(args: argparse.Namespace) -> None:
         print(f"{e['id'][:12]:<12}  {ident['kernel']:<20} {ident['key']:<28} {_winner_ms(e):>10.4f} "  # type: ignore[index]
               f"{ident['world']:>5}  {device:<12} {e['tuned']['date']:<25}  {e['winner']['config']}")  # type: ignore[index]
     for p, e in rows:
-        if not isinstance(e, dict):
+        if isinstance(e, C.CacheEntryError) and e.foreign:
+            print(f"NOT AN ENTRY {p}: {e.reason} (named like one, but not written by triton_ctx_tune; "
+                  "`cache clear` leaves it alone)")
+        elif not isinstance(e, dict):
             print(f"INVALID {p}: {e.reason} (ignored when tuning; `cache clear {p.name}` removes it)")
 
 
@@ -167,7 +172,11 @@ def _cache_clear(args: argparse.Namespace) -> None:
     directory = _dir(args)
     rows = _selected(directory, args.select)
     removed = 0
-    for path, _ in rows:
+    kept: list[Path] = []
+    for path, e in rows:
+        if isinstance(e, C.CacheEntryError) and e.foreign:
+            kept.append(path)  # named like an entry, but its content is someone else's
+            continue
         try:
             path.unlink()
             removed += 1
@@ -183,6 +192,13 @@ def _cache_clear(args: argparse.Namespace) -> None:
                 pass
     print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} from {directory}"
           + (f" and {temps} leftover temporary files" if temps else ""))
+    others = kept
+    if not args.select and directory.is_dir():  # say what a shared folder still holds, and why
+        others = sorted(kept + [p for p in directory.iterdir() if not C.is_entry_name(p.name)])
+    if others:
+        names = ", ".join(p.name for p in others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        print(f"left {len(others)} other file{'' if len(others) == 1 else 's'} alone, which "
+              f"{'is not a tuning-cache entry' if len(others) == 1 else 'are not tuning-cache entries'}: {names}")
 
 
 def _cache_export(args: argparse.Namespace) -> None:
