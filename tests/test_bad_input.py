@@ -146,3 +146,62 @@ def test_cache_clear_in_a_shared_folder_removes_only_our_entries(tmp_path, capsy
     assert sorted(p.name for p in shared.iterdir()) == sorted([*user_files, "sub"])
     assert {name: (shared / name).read_text() for name in user_files} == user_files
     assert (shared / "sub" / "inner.json").read_text() == "{}"
+
+
+@pytest.fixture
+def logs(tmp_path):
+    """The logs of one real tuning call (conftest points the log directory at tmp_path/logs)."""
+    tune_double(tmp_path / "c")
+    return tmp_path / "logs"
+
+
+def _nothing_written(directory: Path) -> None:
+    assert [p.name for p in directory.iterdir() if p.name != "logs" and p.name != "c"] == []
+
+
+def test_plot_with_an_unknown_extension_lists_the_supported_ones(logs, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    code, out, err = run_cli(capsys, "report", logs, "--plot", tmp_path / "x.xyz")
+    assert code == 1 and out == ""  # refused before the report
+    assert err == (f"triton_ctx_tune: error: cannot write the plot {tmp_path / 'x.xyz'}: matplotlib cannot write .xyz "
+                   "files. Fix: end the name with one of .avif, .eps, .gif, .jpeg, .jpg, .pdf, .pgf, .png, .ps, .raw, "
+                   ".rgba, .svg, .svgz, .tif, .tiff, .webp (.png if unsure).\n")
+    _nothing_written(tmp_path)
+
+
+def test_plot_without_an_extension_writes_png_and_reports_the_real_name(logs, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    code, out, err = run_cli(capsys, "report", logs, "--plot", tmp_path / "latency")
+    assert code == 0 and err == ""
+    assert out.endswith(f"plot written to {tmp_path / 'latency.png'} (no extension was given: PNG)\n")
+    assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "latency").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "latency.png", "logs"]  # no temporary file left
+
+
+def test_plot_into_a_missing_directory_creates_nothing(logs, tmp_path, capsys):
+    for target in (tmp_path / "no" / "such" / "x.png", Path("/nonexistent-triton-ctx-tune-test/dir/x.png")):
+        code, out, err = run_cli(capsys, "report", logs, "--plot", target)
+        assert code == 1 and out == ""
+        assert err == (f"triton_ctx_tune: error: cannot write the plot {target}: the directory {target.parent} does "
+                       f"not exist. Fix: create it (mkdir -p {target.parent}) or pass a path in an existing "
+                       "directory.\n")
+    assert not (tmp_path / "no").exists() and not Path("/nonexistent-triton-ctx-tune-test").exists()
+    _nothing_written(tmp_path)
+
+
+def test_a_plot_that_fails_midway_leaves_the_previous_file_whole(logs, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    import shutil
+
+    if shutil.which("xelatex"):
+        pytest.skip("needs a machine without xelatex, where matplotlib's pgf output fails after it starts writing")
+    target = tmp_path / "latency.pgf"
+    target.write_text("the previous plot")
+    code, out, err = run_cli(capsys, "report", logs, "--plot", target)
+    assert code == 1 and "double_" in out  # the text report was printed
+    assert err.startswith(f"triton_ctx_tune: error: matplotlib could not write the plot {target} (RuntimeError: "
+                          "'xelatex' not found")
+    assert err.endswith("Fix: choose .png, .svg or .pdf.\n") and "Traceback" not in err
+    assert target.read_text() == "the previous plot"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "latency.pgf", "logs"]

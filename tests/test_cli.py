@@ -120,6 +120,7 @@ def test_report_after_a_cache_hit_shows_the_stored_timings(tuned, capsys):
 def test_report_plot_writes_a_png(tuned, capsys):
     pytest.importorskip("matplotlib")
     png = tuned["tmp"] / "plots" / "latency.png"
+    png.parent.mkdir()  # --plot creates no directories (a typo would make them anywhere)
     code, out, _ = run(capsys, "report", tuned["logs"], "--plot", png)
     assert code == 0 and f"plot written to {png}" in out
     data = png.read_bytes()

@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"the job's log directory (default: TRITON_CTX_TUNE_LOG_DIR or {DEFAULT_LOG_DIR})")
     rep.add_argument("--plot", metavar="OUT.png", type=Path,
                      help="also draw per-config latency bars per (kernel, key), the winner highlighted "
-                     "(needs matplotlib)")
+                     "(needs matplotlib); the extension picks the format (.png, .svg, .pdf, ...; none: .png)")
     rep.set_defaults(run=_report)
 
     cache = verbs.add_parser("cache", help="list, show, clear, export or import tuned results",
@@ -90,11 +90,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _report(args: argparse.Namespace) -> None:
+    plot = R.check_plot_path(args.plot) if args.plot is not None else None  # before any work
     report = R.build(Path(args.log_dir or _default_log_dir()))
     sys.stdout.write(R.format_report(report))
-    if args.plot is not None:
-        path = R.plot(report, args.plot)
-        print(f"plot written to {path}")
+    if plot is not None:
+        R.plot(report, plot)
+        print(f"plot written to {plot}" + (" (no extension was given: PNG)" if plot != args.plot else ""))
 
 
 # ---- cache ------------------------------------------------------------------------------------
