@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                              description="The persistent tuning cache: one JSON file per (kernel, key). Export "
                              "writes them all into one file that import loads on another machine, so a cluster "
                              "can use results tuned once elsewhere (they hit only where GPU, world size, versions, "
-                             "kernel source and configs match).")
+                             "kernel code, including every @triton.jit function it calls, and configs match).")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache-dir", type=Path, default=None,
                         help=f"the cache directory (default: TRITON_CTX_TUNE_CACHE_DIR or {C.DEFAULT_CACHE_DIR})")
@@ -128,6 +128,11 @@ def _winner_ms(entry: dict[str, Any]) -> float:
     return entry["timings"][entry["winner"]["index"]]["ms"]
 
 
+def _device(ident: dict[str, Any]) -> str:
+    return (ident["device"] + (f" {ident['arch']}" if ident["arch"] else "")
+            + (f" x{ident['device_count']}" if ident["device_count"] else ""))
+
+
 def _cache_list(args: argparse.Namespace) -> None:
     directory = _dir(args)
     rows = list(C.iter_entries(directory))
@@ -135,12 +140,12 @@ def _cache_list(args: argparse.Namespace) -> None:
     print(f"{directory}: {len(valid)} entr{'y' if len(valid) == 1 else 'ies'}"
           + (f", {len(rows) - len(valid)} invalid" if len(rows) != len(valid) else ""))
     if valid:
-        print(f"{'id':<12}  {'kernel':<20} {'key':<28} {'ms':>10} {'world':>5}  {'device':<12} {'tuned':<25}  winner")
+        print(f"{'id':<12}  {'kernel':<20} {'key':<28} {'ms':>10} {'world':>5}  {'device':<16} {'tuned':<25}  winner")
     for _, e in valid:
         ident = e["identity"]  # type: ignore[index]
-        device = ident["device"] + (f" x{ident['device_count']}" if ident["device_count"] else "")
+        device = _device(ident)
         print(f"{e['id'][:12]:<12}  {ident['kernel']:<20} {ident['key']:<28} {_winner_ms(e):>10.4f} "  # type: ignore[index]
-              f"{ident['world']:>5}  {device:<12} {e['tuned']['date']:<25}  {e['winner']['config']}")  # type: ignore[index]
+              f"{ident['world']:>5}  {device:<16} {e['tuned']['date']:<25}  {e['winner']['config']}")  # type: ignore[index]
     for p, e in rows:
         if isinstance(e, C.CacheEntryError) and e.foreign:
             print(f"NOT AN ENTRY {p}: {e.reason} (named like one, but not written by triton_ctx_tune; "
@@ -158,9 +163,11 @@ def _cache_show(args: argparse.Namespace) -> None:
             continue
         ident, tuned = e["identity"], e["tuned"]
         print(f"  id         {e['id']}")
-        print(f"  kernel     {ident['kernel']} (source sha256 {ident['source_sha256'][:16]})")
+        functions = [f.get("name", "?") for f in ident["code"].get("functions", []) if isinstance(f, dict)]
+        print(f"  kernel     {ident['kernel']} (code sha256 {C.code_digest(ident['code'])[:16]}: "
+              + ", ".join(functions) + ")")
         print(f"  key        {ident['key']}")
-        device = ident["device"] + (f" x{ident['device_count']}" if ident["device_count"] else "")
+        device = _device(ident)
         print(f"  valid for  {device}, world {ident['world']}, reduce {ident['reduce']}, stat {ident['stat']}, "
               f"triton {ident['triton']}, torch {ident['torch']}, these {len(ident['configs'])} configs in order")
         extra = ", ".join(f"{k}={tuned[k]}" for k in ("function", "host", "n_warmup", "n_repeat") if k in tuned)
