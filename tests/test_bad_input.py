@@ -15,7 +15,7 @@ from triton_ctx_tune.options import ENVIRONMENT, TuneOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = ["is_dist", "n_repeat", "n_warmup", "group", "reduce", "stat", "flush_l2", "log_dir", "quiet", "timeout_s",
-           "max_executions", "cache", "cache_dir", "early_stop", "precompile", "compile_threads"]
+           "max_executions", "cache", "cache_dir", "early_stop", "precompile", "compile_threads", "compile_timeout_s"]
 
 
 def test_misspelt_keyword_names_the_closest_option_and_lists_them_all():
@@ -32,6 +32,9 @@ def test_misspelt_keyword_names_the_closest_option_and_lists_them_all():
     with pytest.raises(UnknownOptionError) as info:
         contextual_autotune(frobnicate=1)
     assert "Did you mean" not in str(info.value) and info.value.closest is None
+    with pytest.raises(InvalidOptionError, match=r"compile_timeout_s=0 is not valid: expected a number of seconds "
+                       r"greater than 0 \(math.inf: no limit\), or None for the default\."):
+        contextual_autotune(compile_timeout_s=0)
 
 
 FLAG = "1 or 0 (or true/false, yes/no, on/off); unset for the default"
@@ -43,6 +46,7 @@ BAD_ENV = {
     "TRITON_CTX_TUNE_PRECOMPILE": ("2", FLAG),
     "TRITON_CTX_TUNE_QUIET": ("silent", FLAG),
     "TRITON_CTX_TUNE_TIMEOUT": ("5m", "a number of seconds, e.g. 120"),
+    "TRITON_CTX_TUNE_COMPILE_TIMEOUT": ("-1", "a number of seconds greater than 0"),
 }
 
 

@@ -47,6 +47,7 @@ def _env_flag(name: str, default: bool = False) -> bool:
 
 DEFAULT_EARLY_STOP = 1.5
 DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_COMPILE_TIMEOUT_S = 600.0
 
 
 def _is_factor(value: object) -> bool:
@@ -79,6 +80,7 @@ ENVIRONMENT: dict[str, Callable[[], object]] = {
     "TRITON_CTX_TUNE_QUIET": lambda: _env_flag("TRITON_CTX_TUNE_QUIET"),
     "TRITON_CTX_TUNE_EARLY_STOP": _env_early_stop,
     "TRITON_CTX_TUNE_TIMEOUT": lambda: _env_float("TRITON_CTX_TUNE_TIMEOUT", DEFAULT_TIMEOUT_S),
+    "TRITON_CTX_TUNE_COMPILE_TIMEOUT": lambda: _env_float("TRITON_CTX_TUNE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S),
     "TRITON_CTX_TUNE_LOG_DIR": lambda: None,
     "TRITON_CTX_TUNE_CACHE_DIR": lambda: None,
 }
@@ -109,6 +111,10 @@ class TuneOptions:
     early_stop: float | bool | None = None  # None: TRITON_CTX_TUNE_EARLY_STOP or 1.5; False: off
     precompile: bool | None = None  # None: TRITON_CTX_TUNE_PRECOMPILE, on unless it is 0
     compile_threads: int | None = None  # None: cores / local ranks, at most 32
+    # Seconds one config may spend compiling during precompilation; a config that takes longer is
+    # invalid on every rank and its compile is abandoned (a compiler that hangs on one config must
+    # not hang the job). None: TRITON_CTX_TUNE_COMPILE_TIMEOUT or 600; math.inf: no limit.
+    compile_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_repeat", "n_warmup", "max_executions"):
@@ -134,6 +140,10 @@ class TuneOptions:
         if self.compile_threads is not None and (isinstance(self.compile_threads, bool)
                                                  or not isinstance(self.compile_threads, int) or self.compile_threads < 1):
             raise InvalidOptionError("compile_threads", self.compile_threads, "an int >= 1, or None for the default")
+        if self.compile_timeout_s is not None and (isinstance(self.compile_timeout_s, bool) or not isinstance(
+                self.compile_timeout_s, (int, float)) or not self.compile_timeout_s > 0):
+            raise InvalidOptionError("compile_timeout_s", self.compile_timeout_s,
+                                     "a number of seconds greater than 0 (math.inf: no limit), or None for the default")
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise InvalidOptionError("cache_dir", self.cache_dir, "a directory path, or None for the default")
         check_environment()
@@ -160,6 +170,11 @@ class TuneOptions:
 
     def resolved_timeout(self) -> float:
         return _env_float("TRITON_CTX_TUNE_TIMEOUT", DEFAULT_TIMEOUT_S) if self.timeout_s is None else float(self.timeout_s)
+
+    def resolved_compile_timeout(self) -> float:
+        if self.compile_timeout_s is not None:
+            return float(self.compile_timeout_s)
+        return _env_float("TRITON_CTX_TUNE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S)
 
     def resolved_cache_dir(self) -> Path | None:
         """Where tuned results persist, or None when the cache is off."""

@@ -186,7 +186,8 @@ class Session:
         self.states[(id(at), key)] = state
         self.new_states.append(state)
         if self.opts.resolved_precompile():
-            done = precompile(state, args, kwargs, self.comm, self.opts.compile_threads or default_threads())
+            done = precompile(state, args, kwargs, self.comm, self.opts.compile_threads or default_threads(),
+                              self.opts.resolved_compile_timeout())
             state.precompiled = True
             for i, reason in sorted(done.failures.items()):
                 state.fail(i, reason)
