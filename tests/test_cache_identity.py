@@ -233,3 +233,20 @@ def test_compiled_kernels_change_identity_where_triton_cache_key_does_except_for
     assert (got["constexpr"]["triton"] != base["triton"]) == (_triton_version() >= (3, 5))
     # Moved lines: Triton hashes the line number (it lands in debug info), the tuned result stays valid.
     assert got["moved"]["triton"] != base["triton"] and got["moved"]["ours"] == base["ours"]
+
+
+def test_importing_entries_of_the_previous_format_is_refused_with_the_fix(tmp_path, capsys):
+    from triton_ctx_tune.cli import main
+
+    old_entry = {"format": "triton_ctx_tune.cache/1", "id": "0" * 64,
+                 "identity": {"format": "triton_ctx_tune.cache/1", "kernel": "matmul_kernel", "key": "(32, 64)"}}
+    export = tmp_path / "old-export.json"
+    export.write_text(json.dumps({"format": C.EXPORT_FORMAT, "entries": [old_entry]}))
+    assert main(["cache", "import", "--cache-dir", str(tmp_path / "c"), str(export)]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"triton_ctx_tune: error: {export}: 1 of 1 entries are invalid, so nothing was imported:\n"
+                   "  entry #0 (matmul_kernel key=(32, 64)): format is 'triton_ctx_tune.cache/1', expected "
+                   "'triton_ctx_tune.cache/2'\n"
+                   "Fix: entries of an older cache format cannot be converted (they do not record the @triton.jit "
+                   "functions a kernel calls): tune again with this version, then export again.\n")
+    assert not (tmp_path / "c").exists()

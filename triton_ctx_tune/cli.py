@@ -249,8 +249,13 @@ def load_import_file(path: Path) -> list[dict[str, Any]]:
             what = (f" ({ident.get('kernel')} key={ident.get('key')})" if isinstance(ident, dict) else "")
             bad.append(f"  entry #{i}{what}: {problem}")
     if bad:
+        older = any(isinstance(e, dict) and str(e.get("format", "")).startswith("triton_ctx_tune.cache/")
+                    and e.get("format") != C.FORMAT for e in entries)
+        fix = ("Fix: entries of an older cache format cannot be converted (they do not record the @triton.jit "
+               "functions a kernel calls): tune again with this version, then export again." if older else
+               "Fix: export the file again from a good cache, or remove those entries.")
         raise CacheError(f"{path}: {len(bad)} of {len(entries)} entries are invalid, so nothing was imported:\n"
-                         + "\n".join(bad) + "\nFix: export the file again from a good cache, or remove those entries.")
+                         + "\n".join(bad) + "\n" + fix)
     return entries
 
 
