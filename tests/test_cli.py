@@ -172,7 +172,8 @@ def test_cache_list_and_show(tuned, capsys):
     code, out, _ = run(capsys, "cache", "show", "--cache-dir", cache, entry["id"][:8])
     assert code == 0 and f"  id         {entry['id']}" in out
     name, count = device_identity()
-    assert f"valid for  {name}{f' x{count}' if count else ''}, world 1, reduce max, stat median" in out and "these 3 configs in order" in out
+    device = name + (f" {C.device_arch()}" if C.device_arch() else "") + (f" x{count}" if count else "")
+    assert f"valid for  {device}, world 1, reduce max, stat median" in out and "these 3 configs in order" in out
     assert f"chosen     #1 {{BLOCK=32, num_warps=4, num_stages=3}}  {d['reduced'][1]:.4f} ms" in out
     assert "tuning     took 9 executions" in out and "_limited" not in out
     code, _, err = run(capsys, "cache", "show", "--cache-dir", cache, "no_such_kernel")
