@@ -81,15 +81,23 @@ def test_entry_holds_identity_winner_timings_and_failures(tmp_path):
     entry = strict_json(path)
     at = autotuner(K.limited_add_one_)
     ident = entry["identity"]
+    interpreted = not torch.cuda.is_available()
+    no_specialize = None if interpreted else []  # jit() stores None, JITFunction an empty list
     assert ident == {
-        "format": "triton_ctx_tune.cache/1", "kernel": "_limited",
-        "source_sha256": hashlib.sha256(inspect.getsource(K._limited).encode()).hexdigest(),
+        "format": "triton_ctx_tune.cache/2", "kernel": "_limited",
+        "code": {"functions": [{"name": "_limited",
+                                "sha256": hashlib.sha256(inspect.getsource(K._limited).encode()).hexdigest(),
+                                "options": {"noinline": None, "debug": None, "do_not_specialize": no_specialize,
+                                            "do_not_specialize_on_alignment": no_specialize}}],
+                 "globals": {}, "heuristics": {}},
         "autotuner": {"key": ["n"], "reset_to_zero": [], "restore_value": []},
         "key": "(128, 'torch.float32')", "configs": [config_to_dict(c) for c in at.configs],
         "hooks": {"config_pre_hooks": [callable_digest(c.pre_hook) for c in at.configs],
                   "autotuner": [callable_digest(at.pre_hook), callable_digest(at.post_hook)]},
-        "device": C.device_identity()[0], "device_count": C.device_identity()[1], "world": 1, "reduce": "max", "stat": "median",
-        "triton": triton.__version__, "torch": torch.__version__}
+        "device": "cpu-interpreter" if interpreted else torch.cuda.get_device_name(),
+        "arch": "" if interpreted else C.device_arch(),
+        "device_count": 0 if interpreted else torch.cuda.device_count(), "world": 1, "reduce": "max",
+        "stat": "median", "triton": triton.__version__, "torch": torch.__version__}
     assert entry["id"] == hashlib.sha256(C.canonical(ident).encode()).hexdigest()
     assert path.name == f"_limited-{entry['id']}.json"
     assert entry["winner"] == {"index": 3, "config": config_str(at.configs[3])}
@@ -243,8 +251,11 @@ def test_changed_kernel_source_misses(tmp_path):
     op2, runs2 = counting_op(v2, cache)
     torch.testing.assert_close(op2(x), x + 2)
     assert runs1["n"] == runs2["n"] == 10  # same kernel name, key and configs: only the source differs
-    ids = sorted(strict_json(p)["identity"]["source_sha256"] for p in entries(cache))
+    ids = sorted(strict_json(p)["identity"]["code"]["functions"][0]["sha256"] for p in entries(cache))
     assert len(ids) == 2 and ids[0] != ids[1]
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    (stale,) = [e for e in events if e["event"] == "cache-stale"]  # v2 found v1's entry and said why it did not apply
+    assert stale["reasons"] == ["the source of the kernel bump_ changed"] and stale["others"] == 0
     op1b, runs1b = counting_op(v1, cache)
     autotuner(v1).cache.clear()
     op1b(x)
@@ -523,6 +534,11 @@ def test_other_world_size_misses(three_jobs, tmp_path):
     assert torch.equal(gx, x + 1) and torch.equal(gy, y + 1)
     assert op.calls["n"] == 10 and op.last_call.cache_hits == 0
     assert sorted(strict_json(p)["identity"]["world"] for p in entries(cache)) == [1, 1, 2, 2]
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    # The ranks ran cache_worker as __main__, so its hook lambdas' digests name another module: the
+    # hooks differ too. What matters is the world size, named for both keys.
+    stale = [(e["key"], [r for r in e["reasons"] if "hook" not in r]) for e in events if e["event"] == "cache-stale"]
+    assert stale == [([64, "torch.float32"], ["world size 2 -> 1"]), ([40, "torch.float32"], ["world size 2 -> 1"])]
 
 
 def test_report_on_two_rank_logs_shows_the_spread_over_ranks(three_jobs, capsys):

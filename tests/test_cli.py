@@ -120,6 +120,7 @@ def test_report_after_a_cache_hit_shows_the_stored_timings(tuned, capsys):
 def test_report_plot_writes_a_png(tuned, capsys):
     pytest.importorskip("matplotlib")
     png = tuned["tmp"] / "plots" / "latency.png"
+    png.parent.mkdir()  # --plot creates no directories (a typo would make them anywhere)
     code, out, _ = run(capsys, "report", tuned["logs"], "--plot", png)
     assert code == 0 and f"plot written to {png}" in out
     data = png.read_bytes()
@@ -171,7 +172,8 @@ def test_cache_list_and_show(tuned, capsys):
     code, out, _ = run(capsys, "cache", "show", "--cache-dir", cache, entry["id"][:8])
     assert code == 0 and f"  id         {entry['id']}" in out
     name, count = device_identity()
-    assert f"valid for  {name}{f' x{count}' if count else ''}, world 1, reduce max, stat median" in out and "these 3 configs in order" in out
+    device = name + (f" {C.device_arch()}" if C.device_arch() else "") + (f" x{count}" if count else "")
+    assert f"valid for  {device}, world 1, reduce max, stat median" in out and "these 3 configs in order" in out
     assert f"chosen     #1 {{BLOCK=32, num_warps=4, num_stages=3}}  {d['reduced'][1]:.4f} ms" in out
     assert "tuning     took 9 executions" in out and "_limited" not in out
     code, _, err = run(capsys, "cache", "show", "--cache-dir", cache, "no_such_kernel")
@@ -235,7 +237,7 @@ def test_list_flags_invalid_entries_and_clear_takes_selectors(tuned, capsys):
     cache = tuned["cache"]
     paths = {p.name.split("-")[0]: p for p in C.entry_paths(cache)}
     paths["_limited"].write_text('{"format": "triton_ctx_tune.cache/1", "ident')
-    (cache / ".leftover.json.123.tmp").write_text("{")
+    (cache / f".{paths['double_'].name}.x1_y2z3.tmp").write_text("{")  # what a killed writer leaves
     code, out, _ = run(capsys, "cache", "list", "--cache-dir", cache)
     assert code == 0 and out.startswith(f"{cache}: 1 entry, 1 invalid")
     assert f"INVALID {paths['_limited']}: is not valid JSON" in out

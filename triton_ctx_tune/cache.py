@@ -1,11 +1,14 @@
 """The persistent tuning cache: one JSON file per (kernel, key), looked up and written by rank 0 only.
 
 An entry's id is the SHA-256 of its *identity*: everything that makes a tuned result invalid
-when it changes (kernel name and source, the autotuner's key and reset/restore argument names,
-the tuning key, the pruned configs in order and their hooks, GPU name and count, world size,
-reduction and statistic, Triton and torch versions). A changed identity is a different
-file, so a stale result is never found; the file is still checked against the live configs on
-load, so a tampered file can at worst cause a miss.
+when it changes (kernel name; the source of the kernel and of every @triton.jit function it
+calls, and the globals and heuristics they read; the autotuner's key and reset/restore argument
+names, the tuning key, the pruned configs in order and their hooks, GPU name, architecture and
+count, or "cpu-interpreter"; world size, reduction and statistic, Triton and torch versions).
+A changed identity is a different file, so a stale result is never found; on such a miss rank 0
+looks for entries of the same kernel and key and says which part of the identity changed. The
+file is still checked against the live configs on load, so a tampered file can at worst cause
+a miss.
 
 JSON only, never pickle: a tampered or corrupted file cannot execute code. Anything wrong with
 a file (truncated, not JSON, wrong shape, unreadable) is a warning and a miss; the key is
@@ -45,25 +48,27 @@ from .compat import (
     autotuner_hooks,
     config_str,
     config_to_dict,
+    inner_heuristics,
     interpret_mode,
+    jit_function,
     kernel_name,
-    kernel_source,
 )
 from .errors import CacheWarning, RankMismatchError
-from .fingerprint import callable_digest
+from .fingerprint import callable_digest, kernel_code
 
-FORMAT = "triton_ctx_tune.cache/1"
+FORMAT = "triton_ctx_tune.cache/2"  # /1 hashed the outer kernel's source alone
 EXPORT_FORMAT = "triton_ctx_tune.cache-export/1"
 DEFAULT_CACHE_DIR = "~/.cache/triton_ctx_tune"
 ENTRY_SUFFIX = ".json"
 _MAX_ENTRY_BYTES = 16 * 1024 * 1024  # far above any real entry; a bigger file is not ours
-_IDENTITY_FIELDS = {"format": str, "kernel": str, "source_sha256": str, "autotuner": dict, "key": str, "configs": list,
-                    "hooks": dict, "device": str, "device_count": int, "world": int, "reduce": str, "stat": str,
-                    "triton": str, "torch": str}
+_MAX_STALE_READS = 200  # entries of one kernel read on a miss to explain it
+_IDENTITY_FIELDS = {"format": str, "kernel": str, "code": dict, "autotuner": dict, "key": str, "configs": list,
+                    "hooks": dict, "device": str, "arch": str, "device_count": int, "world": int, "reduce": str,
+                    "stat": str, "triton": str, "torch": str}
 # Left out of what ranks must agree on before a lookup: they are rank 0's facts, and rank 0
 # alone looks the entry up. A job may mix GPU models, and a hook may capture its rank's own
 # values (a rank number, a buffer size) without the ranks tuning different things.
-_PER_RANK_FIELDS = ("device", "device_count", "hooks")
+_PER_RANK_FIELDS = ("device", "arch", "device_count", "hooks")
 
 
 def resolve_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -73,12 +78,17 @@ def resolve_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 
 class CacheEntryError(Exception):
-    """One file that is not a usable entry; internal, turned into a CacheWarning or a CacheError."""
+    """One file that is not a usable entry; internal, turned into a CacheWarning or a CacheError.
 
-    def __init__(self, path: Path | str, reason: str) -> None:
+    `foreign`: the file is readable JSON that is not ours at all (no triton_ctx_tune.cache format),
+    though its name looks like an entry's; `cache clear` leaves such files alone.
+    """
+
+    def __init__(self, path: Path | str, reason: str, foreign: bool = False) -> None:
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+        self.foreign = foreign
 
 
 # ---- identity ---------------------------------------------------------------------------------
@@ -102,10 +112,22 @@ def canonical(obj: Any) -> str:
 
 
 def device_identity() -> tuple[str, int]:
-    """GPU name and count; "cpu" and 0 without CUDA or under the interpreter (kernels run on the host)."""
-    if interpret_mode() or not torch.cuda.is_available():
+    """GPU name and count; "cpu-interpreter" and 0 under the interpreter (kernels run on the host)."""
+    if interpret_mode():
+        return "cpu-interpreter", 0
+    if not torch.cuda.is_available():
         return "cpu", 0
     return torch.cuda.get_device_name(), torch.cuda.device_count()
+
+
+def device_arch() -> str:
+    """What Triton compiles for: "sm_90" (CUDA) or the gfx name (ROCm); "" on the host."""
+    if interpret_mode() or not torch.cuda.is_available():
+        return ""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if getattr(torch.version, "hip", None):
+        return str(getattr(props, "gcnArchName", f"gfx {props.major}.{props.minor}"))
+    return f"sm_{props.major}{props.minor}"
 
 
 def identity(at: Autotuner, key: tuple, configs: Sequence[Config], world: int, reduce: str,
@@ -114,7 +136,8 @@ def identity(at: Autotuner, key: tuple, configs: Sequence[Config], world: int, r
     return {
         "format": FORMAT,
         "kernel": kernel_name(at),
-        "source_sha256": hashlib.sha256(kernel_source(at).encode()).hexdigest(),
+        # The kernel and every @triton.jit function it calls: a changed helper is a changed kernel.
+        "code": kernel_code(jit_function(at), inner_heuristics(at)),
         "autotuner": autotuner_definition(at),
         "key": repr(key),  # repr keeps 1, 1.0 and True apart, which JSON lists would not
         "configs": [_jsonable(config_to_dict(c)) for c in configs],
@@ -122,6 +145,7 @@ def identity(at: Autotuner, key: tuple, configs: Sequence[Config], world: int, r
         "hooks": {"config_pre_hooks": [callable_digest(c.pre_hook) for c in configs],
                   "autotuner": [callable_digest(h) for h in autotuner_hooks(at)]},
         "device": device,
+        "arch": device_arch(),
         "device_count": count,
         "world": world,
         "reduce": reduce,
@@ -129,6 +153,63 @@ def identity(at: Autotuner, key: tuple, configs: Sequence[Config], world: int, r
         "triton": TRITON_VERSION,
         "torch": torch.__version__,
     }
+
+
+def code_digest(code: dict[str, Any]) -> str:
+    """One hash for an identity's "code", for people and messages (the entry id covers it anyway)."""
+    return hashlib.sha256(canonical(code).encode()).hexdigest()
+
+
+def identity_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What makes an entry with identity `old` (same kernel and key) not apply to `new`, in words."""
+    if old.get("format") != new["format"]:
+        return [f"it was written in cache format {old.get('format')!r}, and this version writes {new['format']!r} "
+                "(which also covers the @triton.jit functions a kernel calls)"]
+    reasons = []
+    if old.get("code") != new["code"]:
+        reasons += _code_changes(old.get("code") or {}, new["code"])
+    if old.get("autotuner") != new["autotuner"]:
+        reasons.append(f"the autotuner's key/reset_to_zero/restore_value changed: {canonical(old.get('autotuner'))} -> "
+                       f"{canonical(new['autotuner'])}")
+    if old.get("configs") != new["configs"]:
+        n_old, n_new = len(old.get("configs") or []), len(new["configs"])
+        reasons.append(f"the configs changed ({n_old} -> {n_new} configs)" if n_old != n_new else
+                       "the configs changed (values or order)")
+    if old.get("hooks") != new["hooks"]:
+        reasons.append("a config pre_hook or the autotuner's pre/post hook changed")
+    for field, what in (("device", "device"), ("arch", "architecture"), ("device_count", "device count"),
+                        ("world", "world size"), ("reduce", "reduce"), ("stat", "stat"), ("triton", "Triton"),
+                        ("torch", "torch")):
+        if old.get(field) != new[field]:
+            reasons.append(f"{what} {old.get(field)!r} -> {new[field]!r}")
+    return reasons or ["its identity differs in a way this version cannot name"]
+
+
+def _code_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    def by_name(code: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        return {f.get("name"): f for f in code.get("functions") or [] if isinstance(f, dict)}
+
+    before, after = by_name(old), by_name(new)
+    root = new["functions"][0]["name"] if new.get("functions") else None
+    reasons = []
+    for name, f in after.items():
+        what = f"the kernel {name}" if name == root else f"the @triton.jit function {name} it calls"
+        if name not in before:
+            reasons.append(f"the kernel now calls the @triton.jit function {name}" if name != root else
+                           f"the kernel is {name} now")
+        elif before[name].get("sha256") != f["sha256"]:
+            reasons.append(f"the source of {what} changed")
+        elif before[name].get("options") != f["options"]:
+            reasons.append(f"the jit() options of {what} changed: {canonical(before[name].get('options'))} -> "
+                           f"{canonical(f['options'])}")
+    reasons += [f"the kernel no longer calls {name}" for name in before if name not in after]
+    for field, what in (("globals", "global"), ("heuristics", "heuristic")):
+        olds, news = old.get(field) or {}, new.get(field) or {}
+        for name in sorted(olds.keys() | news.keys()):
+            if olds.get(name) != news.get(name):
+                reasons.append(f"{what} {name}: {olds.get(name, 'absent')} -> {news.get(name, 'absent')}"
+                               if field == "globals" else f"the heuristic for {name} changed")
+    return reasons or ["the kernel's code changed"]
 
 
 def entry_id(ident: dict[str, Any]) -> str:
@@ -142,6 +223,17 @@ def agreement_digest(ident: dict[str, Any]) -> bytes:
 
 def entry_filename(kernel: str, eid: str) -> str:
     return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', kernel)[:80]}-{eid}{ENTRY_SUFFIX}"
+
+
+# What entry_filename writes, and the temporary files of write_json_atomically (mkstemp's
+# random part) on the way to it. A shared folder's other files match neither.
+_ENTRY_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}-[0-9a-f]{64}\.json"
+_ENTRY_FILE = re.compile(rf"^{_ENTRY_NAME}$")
+_ENTRY_TEMP_FILE = re.compile(rf"^\.{_ENTRY_NAME}\.[A-Za-z0-9_]+\.tmp$")
+
+
+def is_entry_name(name: str) -> bool:
+    return _ENTRY_FILE.match(name) is not None
 
 
 # ---- entries ----------------------------------------------------------------------------------
@@ -253,7 +345,8 @@ def read_entry(path: Path) -> dict[str, Any]:
         raise CacheEntryError(path, f"is not valid JSON, probably truncated or corrupted ({e})") from None
     problem = entry_problem(entry)
     if problem is not None:
-        raise CacheEntryError(path, problem)
+        ours = isinstance(entry, dict) and str(entry.get("format", "")).startswith(FORMAT.split("/")[0] + "/")
+        raise CacheEntryError(path, problem, foreign=not ours)
     return entry
 
 
@@ -282,9 +375,10 @@ def write_entry(directory: Path, entry: dict[str, Any]) -> Path:
 
 
 def entry_paths(directory: Path) -> list[Path]:
+    """Files named like an entry (KERNEL-SHA256.json); the cache directory may be a folder shared with other files."""
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.iterdir() if p.name.endswith(ENTRY_SUFFIX) and not p.name.startswith("."))
+    return sorted(p for p in directory.iterdir() if is_entry_name(p.name))
 
 
 def iter_entries(directory: Path) -> Iterator[tuple[Path, dict[str, Any] | CacheEntryError]]:
@@ -299,13 +393,29 @@ def iter_entries(directory: Path) -> Iterator[tuple[Path, dict[str, Any] | Cache
 
 
 def stale_temp_files(directory: Path) -> list[Path]:
-    """Temporary files left by writers that were killed between write and rename."""
+    """Temporary files of entries, left by writers that were killed between write and rename."""
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp"))
+    return sorted(p for p in directory.iterdir() if _ENTRY_TEMP_FILE.match(p.name))
 
 
 # ---- the session's view -----------------------------------------------------------------------
+
+
+@dataclass
+class Stale:
+    """An entry of the same kernel and key that a miss did not use, and why it does not apply."""
+    path: Path
+    reasons: list[str]
+    others: int  # further entries of this kernel and key that do not apply either
+
+    def describe(self, kernel: str, key: tuple) -> tuple[str, dict[str, Any]]:
+        """The log line and the event's fields."""
+        more = f" (and {self.others} older entr{'y' if self.others == 1 else 'ies'})" if self.others else ""
+        line = (f"cache-stale kernel={kernel} key={key!r}: the cached entry {self.path}{more} does not apply: "
+                + "; ".join(self.reasons) + ". Tuning again.")
+        return line, {"kernel": kernel, "key": list(key), "path": str(self.path), "reasons": self.reasons,
+                      "others": self.others}
 
 
 @dataclass
@@ -316,6 +426,7 @@ class Lookup:
     hit: bool
     winner: int  # -1 on a miss
     entry: dict[str, Any] | None  # the entry as read, on the rank that read it
+    stale: Stale | None = None  # on a miss, on the rank that read: the closest entry that no longer applies
 
 
 class TuningCache:
@@ -339,6 +450,7 @@ class TuningCache:
         path = self.directory / entry_filename(ident["kernel"], eid)
         entry = self._load(path, ident, configs) if self.reads_and_writes and not self.retune else None
         hit, winner = entry is not None, entry["winner"]["index"] if entry is not None else -1
+        stale = self._stale(path, ident) if self.reads_and_writes and not self.retune and not hit else None
         if self.comm.active:
             digest = torch.frombuffer(bytearray(agreement_digest(ident)), dtype=torch.int64)
             row = torch.cat([digest, torch.tensor([int(hit), winner], dtype=torch.int64)])
@@ -346,7 +458,7 @@ class TuningCache:
             if not bool((rows[:, :2] == rows[0, :2]).all()):
                 self._raise_mismatch(ident)
             hit, winner = bool(rows[0, 2]), int(rows[0, 3])
-        return Lookup(ident, eid, path, hit, winner, entry)
+        return Lookup(ident, eid, path, hit, winner, entry, stale)
 
     def _load(self, path: Path, ident: dict[str, Any], configs: Sequence[Config]) -> dict[str, Any] | None:
         try:
@@ -366,9 +478,33 @@ class TuningCache:
             return None
         return entry
 
+    def _stale(self, path: Path, ident: dict[str, Any]) -> Stale | None:
+        """The entry of this kernel and key that differs least from `ident`, and how, if there is one."""
+        prefix = path.name[: -len(f"-{entry_id(ident)}{ENTRY_SUFFIX}")]
+        try:
+            named = [p for p in self.directory.glob(f"{prefix}-*{ENTRY_SUFFIX}")
+                     if len(p.name) == len(path.name) and is_entry_name(p.name) and p != path]
+            named.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+        except OSError:
+            return None
+        found: list[tuple[int, Path, list[str]]] = []
+        for order, candidate in enumerate(named[:_MAX_STALE_READS]):
+            try:
+                old = json.loads(candidate.read_bytes()[:_MAX_ENTRY_BYTES])
+            except (OSError, ValueError, RecursionError):
+                continue  # damaged files are reported when they are the entry looked up
+            old_ident = old.get("identity") if isinstance(old, dict) else None
+            if (isinstance(old_ident, dict) and old_ident.get("kernel") == ident["kernel"]
+                    and old_ident.get("key") == ident["key"]):
+                found.append((order, candidate, identity_changes(old_ident, ident)))
+        if not found:
+            return None
+        _, closest, reasons = min(found, key=lambda f: (len(f[2]), f[0]))  # fewest changes, then newest
+        return Stale(closest, reasons, len(found) - 1)
+
     def _raise_mismatch(self, ident: dict[str, Any]) -> None:
         # Every rank saw the same gathered rows, so every rank reaches this second gather.
-        mine = (f"cache lookup of {ident['kernel']} key={ident['key']} source={ident['source_sha256'][:12]} "
+        mine = (f"cache lookup of {ident['kernel']} key={ident['key']} code={code_digest(ident['code'])[:12]} "
                 f"world={ident['world']} reduce={ident['reduce']} stat={ident['stat']} "
                 f"triton={ident['triton']} torch={ident['torch']} autotuner={canonical(ident['autotuner'])} "
                 f"configs=[{'; '.join(canonical(c) for c in ident['configs'])}]")

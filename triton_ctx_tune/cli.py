@@ -35,14 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"the job's log directory (default: TRITON_CTX_TUNE_LOG_DIR or {DEFAULT_LOG_DIR})")
     rep.add_argument("--plot", metavar="OUT.png", type=Path,
                      help="also draw per-config latency bars per (kernel, key), the winner highlighted "
-                     "(needs matplotlib)")
+                     "(needs matplotlib); the extension picks the format (.png, .svg, .pdf, ...; none: .png)")
     rep.set_defaults(run=_report)
 
     cache = verbs.add_parser("cache", help="list, show, clear, export or import tuned results",
                              description="The persistent tuning cache: one JSON file per (kernel, key). Export "
                              "writes them all into one file that import loads on another machine, so a cluster "
                              "can use results tuned once elsewhere (they hit only where GPU, world size, versions, "
-                             "kernel source and configs match).")
+                             "kernel code, including every @triton.jit function it calls, and configs match).")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache-dir", type=Path, default=None,
                         help=f"the cache directory (default: TRITON_CTX_TUNE_CACHE_DIR or {C.DEFAULT_CACHE_DIR})")
@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_cache_show)
     p = actions.add_parser("clear", parents=[common], help="delete entries",
                            description="Delete the selected entries (all of them, and leftover temporary "
-                           "files, when no selector is given).")
+                           "files, when no selector is given). Only files this package wrote are touched: those named "
+                           "KERNEL-SHA256.json that hold a triton_ctx_tune cache entry (or a damaged one); other files "
+                           "in the directory are left alone.")
     p.add_argument("select", nargs="*", metavar="SELECTOR", help=_SELECTORS)
     p.set_defaults(run=_cache_clear)
     p = actions.add_parser("export", parents=[common], help="write entries into one JSON file",
@@ -88,11 +90,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _report(args: argparse.Namespace) -> None:
+    plot = R.check_plot_path(args.plot) if args.plot is not None else None  # before any work
     report = R.build(Path(args.log_dir or _default_log_dir()))
     sys.stdout.write(R.format_report(report))
-    if args.plot is not None:
-        path = R.plot(report, args.plot)
-        print(f"plot written to {path}")
+    if plot is not None:
+        R.plot(report, plot)
+        print(f"plot written to {plot}" + (" (no extension was given: PNG)" if plot != args.plot else ""))
 
 
 # ---- cache ------------------------------------------------------------------------------------
@@ -125,6 +128,11 @@ def _winner_ms(entry: dict[str, Any]) -> float:
     return entry["timings"][entry["winner"]["index"]]["ms"]
 
 
+def _device(ident: dict[str, Any]) -> str:
+    return (ident["device"] + (f" {ident['arch']}" if ident["arch"] else "")
+            + (f" x{ident['device_count']}" if ident["device_count"] else ""))
+
+
 def _cache_list(args: argparse.Namespace) -> None:
     directory = _dir(args)
     rows = list(C.iter_entries(directory))
@@ -132,14 +140,17 @@ def _cache_list(args: argparse.Namespace) -> None:
     print(f"{directory}: {len(valid)} entr{'y' if len(valid) == 1 else 'ies'}"
           + (f", {len(rows) - len(valid)} invalid" if len(rows) != len(valid) else ""))
     if valid:
-        print(f"{'id':<12}  {'kernel':<20} {'key':<28} {'ms':>10} {'world':>5}  {'device':<12} {'tuned':<25}  winner")
+        print(f"{'id':<12}  {'kernel':<20} {'key':<28} {'ms':>10} {'world':>5}  {'device':<20} {'tuned':<25}  winner")
     for _, e in valid:
         ident = e["identity"]  # type: ignore[index]
-        device = ident["device"] + (f" x{ident['device_count']}" if ident["device_count"] else "")
+        device = _device(ident)
         print(f"{e['id'][:12]:<12}  {ident['kernel']:<20} {ident['key']:<28} {_winner_ms(e):>10.4f} "  # type: ignore[index]
-              f"{ident['world']:>5}  {device:<12} {e['tuned']['date']:<25}  {e['winner']['config']}")  # type: ignore[index]
+              f"{ident['world']:>5}  {device:<20} {e['tuned']['date']:<25}  {e['winner']['config']}")  # type: ignore[index]
     for p, e in rows:
-        if not isinstance(e, dict):
+        if isinstance(e, C.CacheEntryError) and e.foreign:
+            print(f"NOT AN ENTRY {p}: {e.reason} (named like one, but not written by triton_ctx_tune; "
+                  "`cache clear` leaves it alone)")
+        elif not isinstance(e, dict):
             print(f"INVALID {p}: {e.reason} (ignored when tuning; `cache clear {p.name}` removes it)")
 
 
@@ -152,9 +163,11 @@ def _cache_show(args: argparse.Namespace) -> None:
             continue
         ident, tuned = e["identity"], e["tuned"]
         print(f"  id         {e['id']}")
-        print(f"  kernel     {ident['kernel']} (source sha256 {ident['source_sha256'][:16]})")
+        functions = [f.get("name", "?") for f in ident["code"].get("functions", []) if isinstance(f, dict)]
+        print(f"  kernel     {ident['kernel']} (code sha256 {C.code_digest(ident['code'])[:16]}: "
+              + ", ".join(functions) + ")")
         print(f"  key        {ident['key']}")
-        device = ident["device"] + (f" x{ident['device_count']}" if ident["device_count"] else "")
+        device = _device(ident)
         print(f"  valid for  {device}, world {ident['world']}, reduce {ident['reduce']}, stat {ident['stat']}, "
               f"triton {ident['triton']}, torch {ident['torch']}, these {len(ident['configs'])} configs in order")
         extra = ", ".join(f"{k}={tuned[k]}" for k in ("function", "host", "n_warmup", "n_repeat") if k in tuned)
@@ -167,7 +180,11 @@ def _cache_clear(args: argparse.Namespace) -> None:
     directory = _dir(args)
     rows = _selected(directory, args.select)
     removed = 0
-    for path, _ in rows:
+    kept: list[Path] = []
+    for path, e in rows:
+        if isinstance(e, C.CacheEntryError) and e.foreign:
+            kept.append(path)  # named like an entry, but its content is someone else's
+            continue
         try:
             path.unlink()
             removed += 1
@@ -183,6 +200,13 @@ def _cache_clear(args: argparse.Namespace) -> None:
                 pass
     print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} from {directory}"
           + (f" and {temps} leftover temporary files" if temps else ""))
+    others = kept
+    if not args.select and directory.is_dir():  # say what a shared folder still holds, and why
+        others = sorted(kept + [p for p in directory.iterdir() if not C.is_entry_name(p.name)])
+    if others:
+        names = ", ".join(p.name for p in others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        print(f"left {len(others)} other file{'' if len(others) == 1 else 's'} alone, which "
+              f"{'is not a tuning-cache entry' if len(others) == 1 else 'are not tuning-cache entries'}: {names}")
 
 
 def _cache_export(args: argparse.Namespace) -> None:
@@ -225,8 +249,13 @@ def load_import_file(path: Path) -> list[dict[str, Any]]:
             what = (f" ({ident.get('kernel')} key={ident.get('key')})" if isinstance(ident, dict) else "")
             bad.append(f"  entry #{i}{what}: {problem}")
     if bad:
+        older = any(isinstance(e, dict) and str(e.get("format", "")).startswith("triton_ctx_tune.cache/")
+                    and e.get("format") != C.FORMAT for e in entries)
+        fix = ("Fix: entries of an older cache format cannot be converted (they do not record the @triton.jit "
+               "functions a kernel calls): tune again with this version, then export again." if older else
+               "Fix: export the file again from a good cache, or remove those entries.")
         raise CacheError(f"{path}: {len(bad)} of {len(entries)} entries are invalid, so nothing was imported:\n"
-                         + "\n".join(bad) + "\nFix: export the file again from a good cache, or remove those entries.")
+                         + "\n".join(bad) + "\n" + fix)
     return entries
 
 

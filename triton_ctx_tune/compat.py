@@ -5,8 +5,12 @@ Triton release means reading its runtime/autotuner.py and touching this file alo
 """
 from __future__ import annotations
 
+import inspect
 import os
+import re
+import textwrap
 import traceback
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import triton
@@ -15,7 +19,8 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.errors import InterpreterError, OutOfResources, PTXASError
 
 __all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "interpret_mode", "tuning_key",
-           "prune_configs", "launch_config", "launch_cached", "compile_only", "load_binary", "reset_before_final_launch", "config_failure_reason", "kernel_name", "kernel_source",
+           "prune_configs", "launch_config", "launch_cached", "compile_only", "load_binary", "reset_before_final_launch", "config_failure_reason", "kernel_name", "JitInfo", "jit_info", "jit_function",
+           "inner_heuristics", "constexpr_value", "aggregate_members", "is_triton_builtin",
            "autotuner_definition", "autotuner_hooks",
            "config_to_dict", "config_str", "print_autotuning", "notify_listener"]
 
@@ -163,14 +168,107 @@ def autotuner_hooks(at: Autotuner) -> tuple[Callable[..., Any] | None, Callable[
     return getattr(at, "pre_hook", None), getattr(at, "post_hook", None)
 
 
-def kernel_source(at: Autotuner) -> str:
-    """Source text of the innermost Python function; the cache hashes it."""
-    import inspect
+# ---- what a kernel's code is made of (cache identity) ------------------------------------------
+#
+# Triton's own JITFunction.cache_key hashes a function's source with the cache_key of every
+# JIT function it references (found by walking its AST; 3.5+ also mixes in the values of the
+# tl.constexpr globals it reads) plus its `def` line number. It exists only on compiled
+# functions (the interpreter's InterpretedFunction has none), and the line number would make a
+# comment added above a kernel look like new code. So fingerprint.kernel_code walks the same
+# references itself; these functions give it what it needs from each Triton version.
 
-    try:
-        return inspect.getsource(at.base_fn)
-    except (OSError, TypeError):
-        return at.base_fn.__qualname__
+try:  # 3.5+: the base of JITFunction and of tl.constexpr_function's ConstexprFunction
+    from triton.runtime.jit import JITCallable as _JitBase
+except ImportError:  # 3.4
+    from triton.runtime.jit import JITFunction as _JitBase
+from triton.runtime.autotuner import Heuristics
+from triton.runtime.interpreter import InterpretedFunction
+
+_JIT_OPTIONS = ("noinline", "debug", "do_not_specialize", "do_not_specialize_on_alignment")
+
+
+@dataclass(frozen=True)
+class JitInfo:
+    fn: Callable[..., Any]  # the Python function
+    source: str  # from `def` on, decorators removed, as Triton compiles it
+    options: dict[str, Any]  # the jit() arguments that change the compiled code
+
+
+def _source_from_def(fn: Callable[..., Any]) -> str:
+    src = textwrap.dedent(inspect.getsource(fn))
+    match = re.search(r"^def\s+\w+\s*\(", src, re.MULTILINE)
+    return src[match.start():] if match else src
+
+
+def jit_info(obj: Any) -> JitInfo | None:
+    """The Python function, source and options of a @triton.jit function (compiled or interpreted)
+    or of a constexpr_function (3.5+, bound methods included); None for anything else."""
+    func = getattr(obj, "__func__", None)
+    if isinstance(func, _JitBase):  # 3.5+: BoundConstexprFunction, a constexpr_function method
+        obj = func
+    if isinstance(obj, _JitBase):
+        source = obj.src  # what Triton compiles, even after _unsafe_update_src
+        options = {k: getattr(obj, k, None) for k in _JIT_OPTIONS}
+    elif isinstance(obj, InterpretedFunction):
+        try:
+            source = _source_from_def(obj.fn)
+        except (OSError, TypeError):
+            source = obj.fn.__qualname__
+        # 3.9 keeps jit()'s arguments on the function, 3.4 on its rewriter.
+        kwargs = getattr(obj, "kwargs", None) or getattr(getattr(obj, "rewriter", None), "kwargs", None) or {}
+        options = {k: kwargs.get(k) for k in _JIT_OPTIONS}
+    else:
+        return None
+    return JitInfo(obj.fn, source, {k: _plain(v) for k, v in options.items()})
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return repr(value)
+
+
+def jit_function(at: Autotuner) -> Any:
+    """The @triton.jit function an autotuner launches, under any heuristics() between them."""
+    fn = at.fn
+    while jit_info(fn) is None and hasattr(fn, "fn"):
+        fn = fn.fn
+    return fn
+
+
+def inner_heuristics(at: Autotuner) -> dict[str, Callable[..., Any]]:
+    """heuristics() values between the autotuner and its JIT function: they pick constexprs it compiles with."""
+    values: dict[str, Callable[..., Any]] = {}
+    fn = at.fn
+    while isinstance(fn, Heuristics):
+        values.update(fn.values)
+        fn = fn.fn
+    return values
+
+
+def constexpr_value(value: Any) -> tuple[bool, Any]:
+    """(True, the value) for a tl.constexpr global, else (False, None)."""
+    if isinstance(value, triton.language.constexpr):
+        return True, value.value
+    return False, None
+
+
+def aggregate_members(value: Any) -> tuple[str, list[tuple[str, Any]]] | None:
+    """For a tl.core._aggregate class (3.5+): its field annotations and the members Triton hashes."""
+    if not getattr(value, "__triton_aggregate__", False):
+        return None
+    members = getattr(value, "hash_attrs", [])
+    return str(getattr(value, "__annotations__", {})), [(getattr(m, "__name__", str(i)), m) for i, m in enumerate(members)]
+
+
+def is_triton_builtin(value: Any) -> bool:
+    """Part of Triton itself (tl.arange, a triton module): not user code, so not hashed."""
+    if getattr(value, "__triton_builtin__", False):
+        return True
+    module = value.__name__ if isinstance(value, type(triton)) else getattr(value, "__module__", None)
+    return isinstance(module, str) and (module == "triton" or module.startswith("triton."))
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:

@@ -17,6 +17,17 @@ class InvalidOptionError(CtxTuneError, ValueError):
         self.value = value
 
 
+class UnknownOptionError(InvalidOptionError):
+    """A keyword that contextual_autotune does not know, most often a misspelt one."""
+
+    def __init__(self, name: str, value: object, valid: Sequence[str], closest: str | None) -> None:
+        hint = f" Did you mean {closest}={value!r}?" if closest else ""
+        super().__init__(name, value, f"one of the known options: {', '.join(valid)}")
+        self.args = (f"{self.args[0]}{hint}",)
+        self.valid = list(valid)
+        self.closest = closest
+
+
 class EmptyConfigSpaceError(CtxTuneError):
     """Pruning left no config to tune."""
 

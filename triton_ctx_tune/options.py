@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .cache import resolve_dir
-from .errors import InvalidOptionError
+from .errors import InvalidOptionError, UnknownOptionError
 from .logs import DEFAULT_LOG_DIR
 
 REDUCTIONS = ("max", "mean")
@@ -16,27 +17,80 @@ STATISTICS = ("median", "mean", "min")
 
 def _env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
-    if raw in (None, ""):
+    if raw is None or raw.strip() == "":
         return default
     try:
         value = float(raw)
     except ValueError:
         raise InvalidOptionError(name, raw, "a number of seconds, e.g. 120") from None
-    if value <= 0:
+    if not value > 0:  # also NaN; "inf" is allowed and means no limit
         raise InvalidOptionError(name, raw, "a number of seconds greater than 0")
     return value
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
 def _env_flag(name: str, default: bool = False) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
-    return default if raw == "" else raw not in ("0", "false", "no", "off")
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if value == "":
+        return default
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    # Anything else used to count as "on": TRITON_CTX_TUNE_CACHE=ture must not silently mean something.
+    raise InvalidOptionError(name, raw, "1 or 0 (or true/false, yes/no, on/off); unset for the default")
 
 
 DEFAULT_EARLY_STOP = 1.5
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_COMPILE_TIMEOUT_S = 600.0
 
 
 def _is_factor(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1
+
+
+def _env_early_stop() -> float | None:
+    raw = os.environ.get("TRITON_CTX_TUNE_EARLY_STOP", "")
+    value = raw.strip().lower()
+    if value in ("",) + _TRUE:
+        return DEFAULT_EARLY_STOP
+    if value in _FALSE:
+        return None
+    try:
+        factor = float(value)
+    except ValueError:
+        factor = 0.0
+    if not _is_factor(factor) or factor == float("inf"):
+        raise InvalidOptionError("TRITON_CTX_TUNE_EARLY_STOP", raw,
+                                 "a factor > 1 such as 1.5, 1/on for the default 1.5, or 0/off to turn it off")
+    return factor
+
+
+# Every environment variable the package reads, with the function that reads it (tests hold the
+# README's table to this list). Paths take any text, so theirs check nothing.
+ENVIRONMENT: dict[str, Callable[[], object]] = {
+    "TRITON_CTX_TUNE_CACHE": lambda: _env_flag("TRITON_CTX_TUNE_CACHE", default=True),
+    "TRITON_CTX_TUNE_RETUNE": lambda: _env_flag("TRITON_CTX_TUNE_RETUNE"),
+    "TRITON_CTX_TUNE_PRECOMPILE": lambda: _env_flag("TRITON_CTX_TUNE_PRECOMPILE", default=True),
+    "TRITON_CTX_TUNE_QUIET": lambda: _env_flag("TRITON_CTX_TUNE_QUIET"),
+    "TRITON_CTX_TUNE_EARLY_STOP": _env_early_stop,
+    "TRITON_CTX_TUNE_TIMEOUT": lambda: _env_float("TRITON_CTX_TUNE_TIMEOUT", DEFAULT_TIMEOUT_S),
+    "TRITON_CTX_TUNE_COMPILE_TIMEOUT": lambda: _env_float("TRITON_CTX_TUNE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S),
+    "TRITON_CTX_TUNE_LOG_DIR": lambda: None,
+    "TRITON_CTX_TUNE_CACHE_DIR": lambda: None,
+}
+
+
+def check_environment() -> None:
+    """Read every variable now, so a bad value fails where the decorator is built. Read lazily, it
+    would pass unnoticed in every call that never needs it (one whose keys are all cached, say)."""
+    for check in ENVIRONMENT.values():
+        check()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +111,10 @@ class TuneOptions:
     early_stop: float | bool | None = None  # None: TRITON_CTX_TUNE_EARLY_STOP or 1.5; False: off
     precompile: bool | None = None  # None: TRITON_CTX_TUNE_PRECOMPILE, on unless it is 0
     compile_threads: int | None = None  # None: cores / local ranks, at most 32
+    # Seconds one config may spend compiling during precompilation; a config that takes longer is
+    # invalid on every rank and its compile is abandoned (a compiler that hangs on one config must
+    # not hang the job). None: TRITON_CTX_TUNE_COMPILE_TIMEOUT or 600; math.inf: no limit.
+    compile_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_repeat", "n_warmup", "max_executions"):
@@ -82,8 +140,23 @@ class TuneOptions:
         if self.compile_threads is not None and (isinstance(self.compile_threads, bool)
                                                  or not isinstance(self.compile_threads, int) or self.compile_threads < 1):
             raise InvalidOptionError("compile_threads", self.compile_threads, "an int >= 1, or None for the default")
+        if self.compile_timeout_s is not None and (isinstance(self.compile_timeout_s, bool) or not isinstance(
+                self.compile_timeout_s, (int, float)) or not self.compile_timeout_s > 0):
+            raise InvalidOptionError("compile_timeout_s", self.compile_timeout_s,
+                                     "a number of seconds greater than 0 (math.inf: no limit), or None for the default")
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise InvalidOptionError("cache_dir", self.cache_dir, "a directory path, or None for the default")
+        check_environment()
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> TuneOptions:
+        """contextual_autotune's keywords, checked; a misspelt one is answered with the closest name."""
+        valid = [f.name for f in dataclasses.fields(cls)]
+        for name, value in kwargs.items():
+            if name not in valid:
+                closest = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+                raise UnknownOptionError(name, value, valid, closest[0] if closest else None)
+        return cls(**kwargs)
 
     def resolved_log_dir(self) -> str | os.PathLike[str] | None:
         if self.log_dir is False:
@@ -96,7 +169,12 @@ class TuneOptions:
         return _env_flag("TRITON_CTX_TUNE_QUIET") if self.quiet is None else bool(self.quiet)
 
     def resolved_timeout(self) -> float:
-        return _env_float("TRITON_CTX_TUNE_TIMEOUT", 300.0) if self.timeout_s is None else float(self.timeout_s)
+        return _env_float("TRITON_CTX_TUNE_TIMEOUT", DEFAULT_TIMEOUT_S) if self.timeout_s is None else float(self.timeout_s)
+
+    def resolved_compile_timeout(self) -> float:
+        if self.compile_timeout_s is not None:
+            return float(self.compile_timeout_s)
+        return _env_float("TRITON_CTX_TUNE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S)
 
     def resolved_cache_dir(self) -> Path | None:
         """Where tuned results persist, or None when the cache is off."""
@@ -109,18 +187,7 @@ class TuneOptions:
             return None
         if self.early_stop is not None and self.early_stop is not True:
             return float(self.early_stop)
-        raw = os.environ.get("TRITON_CTX_TUNE_EARLY_STOP", "").strip().lower()
-        if raw in ("", "1", "on", "true", "yes"):
-            return DEFAULT_EARLY_STOP
-        if raw in ("0", "off", "false", "no"):
-            return None
-        try:
-            factor = float(raw)
-        except ValueError:
-            factor = 0.0
-        if not _is_factor(factor):
-            raise InvalidOptionError("TRITON_CTX_TUNE_EARLY_STOP", raw, "a factor > 1, or 0/off to turn it off")
-        return factor
+        return _env_early_stop()
 
     def resolved_precompile(self) -> bool:
         return _env_flag("TRITON_CTX_TUNE_PRECOMPILE", default=True) if self.precompile is None else self.precompile

@@ -5,15 +5,21 @@ is over 90% of tuning time, and compile stalls between timed slots let the GPU c
 Here a thread pool compiles all configs at once through Triton's own compile-only path
 (`run(warmup=True)`), so binaries land in Triton's cache and the slots' launches hit it. Ranks
 on one node split the configs (config i goes to local rank i % local_world) and meet in one
-bounded all-gather, after which each loads the others' binaries from the shared Triton cache.
+bounded all-gather, after which each loads the others' binaries from the shared Triton cache;
+a second all-gather shares what failed in that load.
+
+A config whose compilation runs past compile_timeout_s is a failure like a compile error: its
+worker is abandoned (left to finish on its own, never waited for) and the gathers make the
+config invalid on every rank.
 """
 from __future__ import annotations
 
+import math
 import os
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -44,27 +50,30 @@ def default_threads() -> int:
 
 
 def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any],
-             threads: int) -> tuple[dict[int, Any], dict[int, str]]:
+             threads: int, timeout_s: float) -> tuple[dict[int, Any], dict[int, str]]:
     device = torch.cuda.current_device() if torch.cuda.is_available() else None
 
-    def one(i: int) -> tuple[int, Any, str | None]:
+    def one(i: int) -> tuple[Any, str | None]:
         if device is not None:
             torch.cuda.set_device(device)  # Triton picks the target from this thread's current device
         try:
-            return i, compile_only(state.autotuner, [state.configs[i]], args, kwargs)[0], None
+            return compile_only(state.autotuner, [state.configs[i]], args, kwargs)[0], None
         except Exception as e:
             reason = config_failure_reason(e)
             if reason is None:
                 raise
-            return i, None, reason
+            return None, reason
 
-    if threads > 1 and len(indices) > 1:
-        with ThreadPoolExecutor(min(threads, len(indices)), thread_name_prefix="ctx-tune-compile") as pool:
-            results = list(pool.map(one, indices))
+    if math.isinf(timeout_s) and (threads <= 1 or len(indices) <= 1):
+        results = {i: one(i) for i in indices}  # nothing to bound: no thread needed
     else:
-        results = [one(i) for i in indices]
-    kernels = {i: k for i, k, r in results if r is None}
-    failures = {i: r for i, _, r in results if r is not None}
+        done, late = run_with_deadline(indices, one, threads, timeout_s)
+        results = {i: r for i, r in done.items()}
+        for i in late:
+            results[i] = (None, f"compile timeout: compiling this config took longer than {timeout_s:g} s, so it was "
+                                "abandoned (raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT if it is just slow)")
+    kernels = {i: k for i, (k, r) in results.items() if r is None}
+    failures = {i: r for i, (_, r) in results.items() if r is not None}
     for i, kernel in kernels.items():  # loading touches the CUDA context: stay on this thread
         try:
             load_binary(kernel)
@@ -76,26 +85,93 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     return kernels, failures
 
 
-def precompile(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int) -> Compiled:
+T = TypeVar("T")
+
+
+def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int,
+                      timeout_s: float) -> tuple[dict[int, T], list[int]]:
+    """work(i) for every task on up to `threads` threads: ({task: result}, [tasks that ran out of time]).
+
+    A task running longer than timeout_s is abandoned: nobody waits for it, and a new thread takes
+    its place. A thread cannot be killed, so the threads are daemons: one stuck in a compiler must
+    not hold up this call's return, nor the interpreter's exit (ThreadPoolExecutor's workers would:
+    they are joined at exit). An exception in work() is re-raised here once every task is settled.
+    """
+    lock = threading.Lock()
+    settled = threading.Condition(lock)
+    pending = list(reversed(tasks))
+    started: dict[int, float] = {}
+    results: dict[int, tuple[bool, Any]] = {}
+    late: list[int] = []
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not pending:
+                    return
+                i = pending.pop()
+                started[i] = time.monotonic()
+            try:
+                outcome: tuple[bool, Any] = (True, work(i))
+            except BaseException as e:  # handed to the waiting thread, which re-raises it
+                outcome = (False, e)
+            with lock:
+                if i in late:
+                    return  # abandoned: a replacement thread has taken over the queue
+                results[i] = outcome
+                settled.notify_all()
+
+    def spawn() -> None:
+        threading.Thread(target=worker, name="ctx-tune-compile", daemon=True).start()
+
+    for _ in range(max(1, min(threads, len(tasks)))):
+        spawn()
+    with lock:
+        while len(results) + len(late) < len(tasks):
+            now = time.monotonic()
+            running = [i for i in started if i not in results and i not in late]
+            for i in running:
+                if now - started[i] >= timeout_s:
+                    late.append(i)
+                    if pending:
+                        spawn()
+            deadlines = [started[i] + timeout_s - now for i in running if i not in late]
+            settled.wait(timeout=min(deadlines + [1.0]) if deadlines else 1.0)
+    errors = [value for ok, value in (results[i] for i in tasks if i in results) if not ok]
+    if errors:
+        raise errors[0]
+    return {i: value for i, (ok, value) in results.items()}, sorted(late)
+
+
+def _share(failures: dict[int, str], n: int, comm: Collectives, what: str) -> None:
+    """Make `failures` every rank's: a config that failed on one rank is invalid on all of them."""
+    flags = torch.zeros(n, dtype=torch.int64)
+    for i in failures:
+        flags[i] = 1
+    failed_anywhere = comm.all_gather(flags, what).amax(0)
+    if bool(failed_anywhere.any()):  # the same answer on every rank, so every rank joins this gather
+        reasons = comm.all_gather_bytes("\n".join(f"{i}\t{r}" for i, r in failures.items()).encode(),
+                                        f"{what}: reasons")
+        for rank, blob in enumerate(reasons):
+            for line in filter(None, blob.decode().split("\n")):
+                i, reason = line.split("\t", 1)
+                failures.setdefault(int(i), f"rank {rank}: {reason}")
+
+
+def precompile(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,
+               timeout_s: float = math.inf) -> Compiled:
     start = time.perf_counter()
     n = len(state.configs)
     mine = local_share(n, comm)
-    _, failures = _compile(state, mine, args, kwargs, threads)
+    _, failures = _compile(state, mine, args, kwargs, threads, timeout_s)
     if comm.active:
-        flags = torch.zeros(n, dtype=torch.int64)
-        for i in failures:
-            flags[i] = 1
-        failed_anywhere = comm.all_gather(flags, "share precompile results").amax(0)
-        if bool(failed_anywhere.any()):
-            reasons = comm.all_gather_bytes("\n".join(f"{i}\t{r}" for i, r in failures.items()).encode(),
-                                            "share compile failures")
-            for rank, blob in enumerate(reasons):
-                for line in filter(None, blob.decode().split("\n")):
-                    i, reason = line.split("\t", 1)
-                    failures.setdefault(int(i), f"rank {rank}: {reason}")
+        _share(failures, n, comm, "share precompile results")
         # The others' binaries are in the shared Triton cache now: loading them here is cheap and
         # keeps the load out of the first slot (compiled here instead when caches are not shared).
         rest = [i for i in range(n) if i not in mine and i not in failures]
-        _, more = _compile(state, rest, args, kwargs, threads)
+        _, more = _compile(state, rest, args, kwargs, threads, timeout_s)
+        # A config can fail here alone (a timeout on this rank, a binary this GPU cannot load):
+        # share that too, so every rank skips the same configs from the first slot on.
+        _share(more, n, comm, "share load results")
         failures.update(more)
     return Compiled(mine, time.perf_counter() - start, failures)

@@ -7,9 +7,12 @@ valid config) and "end". Logs are appended to across runs, so the latest event o
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -290,13 +293,45 @@ def format_report(report: Report) -> str:
 # ---- plot -------------------------------------------------------------------------------------
 
 
-def plot(report: Report, path: Path) -> Path:
-    """Per-config latency bars, one panel per (kernel, key), the winner highlighted."""
+def _plot_formats() -> list[str] | None:
+    """File extensions matplotlib can write, or None without matplotlib."""
     try:
         import matplotlib
     except ImportError:
-        raise MissingDependencyError("report --plot", "matplotlib", "plot") from None
+        return None
     matplotlib.use("Agg")  # files only: no display on a cluster node
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(FigureCanvasBase.get_supported_filetypes())
+
+
+def check_plot_path(path: Path) -> Path:
+    """The file `plot` will write, checked before any work: an existing folder, a format matplotlib writes.
+
+    A name without an extension gets ".png", and the caller reports that real name.
+    """
+    if not path.suffix:
+        path = path.with_name(path.name + ".png")
+    parent = path.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise CtxTuneError(f"cannot write the plot {path}: the directory {parent} {what}. Fix: create it "
+                           f"(mkdir -p {parent}) or pass a path in an existing directory.")
+    if path.is_dir():
+        raise CtxTuneError(f"cannot write the plot {path}: it is a directory. Fix: pass a file name such as "
+                           f"{path / 'latency.png'}.")
+    formats = _plot_formats()
+    ext = path.suffix[1:].lower()
+    if formats is not None and ext not in formats:
+        raise CtxTuneError(f"cannot write the plot {path}: matplotlib cannot write .{ext} files. Fix: end the name "
+                           f"with one of {', '.join('.' + f for f in formats)} (.png if unsure).")
+    return path
+
+
+def plot(report: Report, path: Path) -> Path:
+    """Per-config latency bars, one panel per (kernel, key), the winner highlighted; `path` from check_plot_path."""
+    if _plot_formats() is None:
+        raise MissingDependencyError("report --plot", "matplotlib", "plot")
     import matplotlib.pyplot as plt
 
     panels = [r for r in report.keys.values() if r.ms]
@@ -305,27 +340,51 @@ def plot(report: Report, path: Path) -> Path:
     heights = [max(1.2, 0.45 * len(r.configs) + 0.9) for r in panels]
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, sum(heights)), squeeze=False,
                              gridspec_kw={"height_ratios": heights})
-    for ax, r in zip(axes[:, 0], panels):
-        ys = list(range(len(r.configs)))
-        values = [t if t is not None else 0.0 for t in r.ms]
-        colors = ["tab:orange" if j == r.winner else ("tab:red" if t is None else "tab:blue")
-                  for j, t in enumerate(r.ms)]
-        ax.barh(ys, values, color=colors)
-        if len(r.q20) == len(r.ms) == len(r.q80):
-            lo = [max(0.0, v - q) if q is not None and t is not None else 0.0 for v, q, t in zip(values, r.q20, r.ms)]
-            hi = [max(0.0, q - v) if q is not None and t is not None else 0.0 for v, q, t in zip(values, r.q80, r.ms)]
-            ax.errorbar(values, ys, xerr=[lo, hi], fmt="none", ecolor="black", capsize=3, linewidth=1)
-        for y, t in zip(ys, r.ms):
-            ax.text(0 if t is None else t, y, " failed" if t is None else f" {t:.3f}", va="center", fontsize=8)
-        ax.set_yticks(ys)
-        ax.set_yticklabels([f"#{j} {c}" + (" (winner)" if j == r.winner else "") for j, c in enumerate(r.configs)],
-                           fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xlabel(f"ms ({r.stat}, {r.reduce} over {r.world} ranks)" if r.world > 1 else f"ms ({r.stat}, 1 rank)")
-        source = " [cache]" if r.source == "cache" else ""
-        ax.set_title(f"{r.kernel} key={r.key}{source}", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        for ax, r in zip(axes[:, 0], panels):
+            _draw(ax, r)
+        fig.tight_layout()
+        _save_atomically(fig, path)
+    finally:
+        plt.close(fig)
     return path
+
+
+def _draw(ax: Any, r: KeyReport) -> None:
+    ys = list(range(len(r.configs)))
+    values = [t if t is not None else 0.0 for t in r.ms]
+    colors = ["tab:orange" if j == r.winner else ("tab:red" if t is None else "tab:blue")
+              for j, t in enumerate(r.ms)]
+    ax.barh(ys, values, color=colors)
+    if len(r.q20) == len(r.ms) == len(r.q80):
+        lo = [max(0.0, v - q) if q is not None and t is not None else 0.0 for v, q, t in zip(values, r.q20, r.ms)]
+        hi = [max(0.0, q - v) if q is not None and t is not None else 0.0 for v, q, t in zip(values, r.q80, r.ms)]
+        ax.errorbar(values, ys, xerr=[lo, hi], fmt="none", ecolor="black", capsize=3, linewidth=1)
+    for y, t in zip(ys, r.ms):
+        ax.text(0 if t is None else t, y, " failed" if t is None else f" {t:.3f}", va="center", fontsize=8)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([f"#{j} {c}" + (" (winner)" if j == r.winner else "") for j, c in enumerate(r.configs)],
+                       fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"ms ({r.stat}, {r.reduce} over {r.world} ranks)" if r.world > 1 else f"ms ({r.stat}, 1 rank)")
+    source = " [cache]" if r.source == "cache" else ""
+    ax.set_title(f"{r.kernel} key={r.key}{source}", fontsize=10)
+
+
+def _save_atomically(fig: Any, path: Path) -> None:
+    """Into a temporary file beside `path`, then renamed over it: a failed or killed save leaves no half file."""
+    ext = path.suffix[1:].lower()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=100, format=ext)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a plot is meant to be shared
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, Exception) and not isinstance(e, CtxTuneError):
+            # Some formats need more than matplotlib (pgf: a LaTeX install); say so without a traceback.
+            raise CtxTuneError(f"matplotlib could not write the plot {path} ({type(e).__name__}: {e}). "
+                               "Fix: choose .png, .svg or .pdf.") from e
+        raise

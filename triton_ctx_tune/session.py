@@ -140,6 +140,11 @@ class Session:
             if lookup is not None and lookup.hit:
                 self._cache_hit(at, key, configs, lookup)
                 return run(at, *args, **kwargs)
+            if lookup is not None and lookup.stale is not None:  # rank 0: say why an entry of this key was not used
+                self._ensure_header()
+                line, fields = lookup.stale.describe(kernel_name(at), key)
+                self.log.write("cache-stale", line, **fields)
+                self.log.summary(f"{self.function}: {line}")
             state = self._new_state(at, key, configs, args, kwargs)
             if lookup is not None:
                 self.misses[id(state)] = lookup
@@ -181,7 +186,8 @@ class Session:
         self.states[(id(at), key)] = state
         self.new_states.append(state)
         if self.opts.resolved_precompile():
-            done = precompile(state, args, kwargs, self.comm, self.opts.compile_threads or default_threads())
+            done = precompile(state, args, kwargs, self.comm, self.opts.compile_threads or default_threads(),
+                              self.opts.resolved_compile_timeout())
             state.precompiled = True
             for i, reason in sorted(done.failures.items()):
                 state.fail(i, reason)

@@ -1,7 +1,6 @@
 """The decorator: re-execute a side-effecting function once per config step, then once with the winners."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Callable, Generic, TypeVar, overload
 
@@ -9,7 +8,6 @@ import torch
 
 from . import patch, resolver
 from .call import Call
-from .errors import InvalidOptionError
 from .options import TuneOptions
 from .session import CallStats
 
@@ -85,14 +83,9 @@ def contextual_autotune(is_dist: Any = False, n_repeat: int = 5, n_warmup: int =
     Same positional signature as Triton-distributed's contextual_autotune (is_dist, n_repeat,
     n_warmup); the keyword-only options are the fields of TuneOptions (options.py): group,
     reduce, stat, flush_l2, log_dir, quiet, timeout_s, max_executions, cache, cache_dir,
-    early_stop, precompile, compile_threads. Also usable bare: ``@contextual_autotune``.
+    early_stop, precompile, compile_threads, compile_timeout_s. Also usable bare: ``@contextual_autotune``.
     """
     if callable(is_dist):
         return ContextualAutotuner(is_dist, TuneOptions())
-    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(TuneOptions)})
-    if unknown:
-        valid = ", ".join(f.name for f in dataclasses.fields(TuneOptions) if f.name not in ("is_dist", "n_repeat",
-                                                                                            "n_warmup"))
-        raise InvalidOptionError(unknown[0], options[unknown[0]], f"one of the known options: {valid}")
-    opts = TuneOptions(is_dist=is_dist, n_repeat=n_repeat, n_warmup=n_warmup, **options)
+    opts = TuneOptions.from_kwargs(is_dist=is_dist, n_repeat=n_repeat, n_warmup=n_warmup, **options)
     return lambda fn: ContextualAutotuner(fn, opts)
