@@ -146,6 +146,7 @@ def test_warm_call_runs_once_and_an_untuned_key_met_mid_call_is_tuned_by_the_cal
     a, b = op(x, x)
     torch.testing.assert_close(a, x + 1)
     assert executions == 1 and op.last_call.executions == 1 and op.last_call.tuned == []
+    assert op._last.session is None  # the warm path built no Session (Triton passes warmup=False on every launch)
     # Warm on the first launch, then a new key: the execution in progress becomes the first step.
     executions = 0
     y = ramp(40)
