@@ -7,6 +7,7 @@ import functools
 from typing import Any, Callable, Generic, TypeVar, overload
 
 from . import patch
+from .compat import explain_error
 from .errors import InvalidOptionError
 from .options import TuneOptions
 from .session import CallStats, Session
@@ -37,7 +38,11 @@ class ContextualAutotuner(Generic[R]):
             session = stack.enter_context(Session(name, self.opts))
             while True:
                 session.begin_step()
-                result = self.fn(*args, **kwargs)
+                try:
+                    result = self.fn(*args, **kwargs)
+                except Exception as e:
+                    explain_error(e)
+                    raise
                 if session.end_step():
                     break
         self.last_call = session.stats
