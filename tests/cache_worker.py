@@ -25,7 +25,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from tests.dist_worker import init_group  # noqa: E402
-from tests.kernels import DEVICE, chosen, grid, sleepy  # noqa: E402
+from tests.kernels import DEVICE, chosen, costly, grid  # noqa: E402
 from triton_ctx_tune import contextual_autotune  # noqa: E402
 from triton_ctx_tune.errors import CacheWarning  # noqa: E402
 
@@ -39,9 +39,9 @@ def _cached_add_one(x_ptr, n, BLOCK: tl.constexpr):
 
 
 def _configs() -> list[triton.Config]:
-    # BLOCK 32 wins by a sleep that decides on every machine; the same list on every import.
+    # BLOCK 32 wins by declared costs that decide on every machine; the same list on every import.
     delays = {16: 30.0, 32: 0.0, 64: 60.0}
-    return [triton.Config({"BLOCK": b}, num_warps=4, pre_hook=sleepy(lambda a, d=d: d)) for b, d in delays.items()]
+    return [triton.Config({"BLOCK": b}, num_warps=4, pre_hook=costly(lambda a, d=d: d)) for b, d in delays.items()]
 
 
 cached_add_one = triton.autotune(configs=_configs(), key=["n"])(triton.jit(_cached_add_one))

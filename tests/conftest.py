@@ -17,6 +17,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "dist: starts several real processes with torch.distributed")
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The versions under test, in every run's last lines: CI runs the suite on two Tritons."""
+    import platform
+
+    import numpy
+    import triton
+
+    where = "GPU" if HAS_CUDA else "CPU, Triton's interpreter"
+    terminalreporter.write_line(f"versions: Python {platform.python_version()}, torch {torch.__version__}, "
+                                f"triton {triton.__version__}, numpy {numpy.__version__} ({where})")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if HAS_CUDA:
         return

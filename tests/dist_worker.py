@@ -25,7 +25,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.runtime.errors import OutOfResources  # noqa: E402
 
-from tests.kernels import DEVICE, autotuner, chosen, grid, sleepy  # noqa: E402
+from tests.kernels import DEVICE, autotuner, chosen, costly, grid  # noqa: E402
 from triton_ctx_tune import contextual_autotune  # noqa: E402
 
 FAST = dict(n_warmup=1, n_repeat=3, early_stop=False)
@@ -43,13 +43,13 @@ def _oor_on_rank1(blocks: set[int]) -> Callable[[dict[str, Any]], None]:
     return hook
 
 
-def _cfg(block: int, delay: Callable[[dict[str, Any]], float] | None = None,
+def _cfg(block: int, cost_ms: Callable[[dict[str, Any]], float] | None = None,
          fail_on_rank1: bool = False) -> triton.Config:
     def hook(nargs: dict[str, Any]) -> None:
         if fail_on_rank1:
             _oor_on_rank1({block})(nargs)
-        if delay is not None:
-            sleepy(delay)(nargs)
+        if cost_ms is not None:
+            costly(cost_ms)(nargs)
     return triton.Config({"BLOCK": block}, num_warps=4, pre_hook=hook)
 
 

@@ -1,11 +1,17 @@
-"""Small real Triton kernels for the tests, plus config hooks that make timings deterministic.
+"""Small real Triton kernels for the tests, plus config hooks that decide which config wins.
 
-On the CPU the interpreter's own run time varies by a few milliseconds, so the configs that
-must lose carry a config pre_hook that sleeps: the pre_hook is inside the timed span, exactly
-as in Triton's own _bench, so the sleep decides the winner on CPU and GPU alike.
+A config that must lose carries a pre_hook that declares a cost in milliseconds; the pre_hook is
+inside the timed span, exactly as in Triton's own _bench. On the host clock (the interpreter) the
+cost is not slept but added to the clock the tuner reads, HOST_COST_SCALE times over: 15 ms measures
+1.5 s more and takes no time. The interpreter's own run time and a busy machine's scheduling noise
+(milliseconds, a few hundred at worst) can then never reorder configs whose order a test asserts.
+With CUDA events the hook sleeps the cost instead: the GPU idles meanwhile, and its kernels vary by
+microseconds.
 """
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from typing import Any, Callable
 
@@ -14,22 +20,50 @@ import triton
 import triton.language as tl
 from triton.runtime.autotuner import Autotuner
 
+from triton_ctx_tune.timing import HostTimer, make_timer
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SLOW_MS = 15.0
+HOST_COST_SCALE = 100.0
+
+# Per thread: two threads tuning at once must each measure only the costs their own slots declared.
+_declared = threading.local()
 
 
-def sleepy(delay_ms: Callable[[dict[str, Any]], float]) -> Callable[[dict[str, Any]], None]:
+def _host_clock() -> float:
+    return time.perf_counter() + getattr(_declared, "s", 0.0)
+
+
+# Every process that uses these kernels (pytest, the torchrun workers, subprocesses) measures with it.
+HostTimer.clock = staticmethod(_host_clock)
+
+
+@functools.cache
+def _host_timed() -> bool:
+    return make_timer(flush_l2=False).kind == "host"
+
+
+def spend(ms: float) -> None:
+    """Make the slot that is running measure `ms` more (HOST_COST_SCALE times that on the host clock)."""
+    if _host_timed():
+        _declared.s = getattr(_declared, "s", 0.0) + ms * HOST_COST_SCALE / 1e3
+    else:
+        time.sleep(ms / 1e3)
+
+
+def costly(cost_ms: Callable[[dict[str, Any]], float]) -> Callable[[dict[str, Any]], None]:
+    """A config pre_hook that spends cost_ms(named arguments)."""
     def hook(nargs: dict[str, Any]) -> None:
-        ms = delay_ms(nargs)
+        ms = cost_ms(nargs)
         if ms:
-            time.sleep(ms / 1e3)
+            spend(ms)
     return hook
 
 
 def block_configs(blocks: list[int], slow: dict[int, float] | None = None) -> list[triton.Config]:
     slow = slow or {}
     return [triton.Config({"BLOCK": b}, num_warps=4,
-                          pre_hook=sleepy(lambda nargs, b=b: slow.get(b, 0.0)) if b in slow else None)
+                          pre_hook=costly(lambda nargs, b=b: slow.get(b, 0.0)) if b in slow else None)
             for b in blocks]
 
 
@@ -37,13 +71,13 @@ def grid(n: int) -> Callable[[dict[str, Any]], tuple[int]]:
     return lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
 
 
-# Fastest config depends on n: BLOCK 64 for n >= 100, BLOCK 16 below (the others sleep).
+# Fastest config depends on n: BLOCK 64 for n >= 100, BLOCK 16 below (the others cost more).
 def _by_size(nargs: dict[str, Any], block: int) -> float:
     best = 64 if nargs["n"] >= 100 else 16
     return 0.0 if block == best else SLOW_MS * (1 + (block != 32))
 
 
-SIZED_CONFIGS = [triton.Config({"BLOCK": b}, num_warps=4, pre_hook=sleepy(lambda nargs, b=b: _by_size(nargs, b)))
+SIZED_CONFIGS = [triton.Config({"BLOCK": b}, num_warps=4, pre_hook=costly(lambda nargs, b=b: _by_size(nargs, b)))
                  for b in (16, 32, 64)]
 
 
@@ -59,7 +93,7 @@ def add_one_(x_ptr, n, BLOCK: tl.constexpr):
 @triton.autotune(configs=block_configs([16, 32, 64], slow={16: SLOW_MS, 64: 2 * SLOW_MS}), key=["n"])
 @triton.jit
 def double_(x_ptr, n, BLOCK: tl.constexpr):
-    """x *= 2, in place; BLOCK 32 wins."""
+    """x *= 2, in place; BLOCK 32 wins, 16 is the runner-up."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)
@@ -81,7 +115,7 @@ def _limited(x_ptr, n, LIMIT: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
 
 
-# BLOCK 128 cannot compile when LIMIT=64; 16 is slow, 32 sleeps more; 64 wins.
+# BLOCK 128 cannot compile when LIMIT=64; 16 is slow, 32 slower; 64 wins.
 limited_add_one_ = triton.autotune(
     configs=[triton.Config({"BLOCK": 128})] + block_configs([16, 32, 64], slow={16: SLOW_MS, 32: 2 * SLOW_MS}),
     key=["n"])(triton.jit(_limited))

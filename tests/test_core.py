@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 import triton
+import triton.language as tl
 from triton.runtime.autotuner import Autotuner
+from triton.runtime.errors import InterpreterError
 
 from tests import kernels as K
 from tests.kernels import DEVICE, autotuner, chosen, grid
@@ -16,6 +19,7 @@ from triton_ctx_tune import (CtxTuneError, InvalidOptionError, NoValidConfigErro
                              contextual_autotune)
 from triton_ctx_tune import patch as ctx_patch
 from triton_ctx_tune import resolver
+from triton_ctx_tune.compat import interpret_mode, interpreter_numpy_note
 
 ORIGINAL_RUN = Autotuner.__dict__["run"]
 FAST = dict(n_warmup=1, n_repeat=2, early_stop=False)  # 3 slots per config, every config measured fully
@@ -192,7 +196,7 @@ def test_nested_tuned_functions_join_the_outer_call():
 def serialized_interpreter(monkeypatch):
     """Triton's interpreter patches triton.language globals while a kernel runs, so two kernels
     interpreted at once in two threads break each other. Serialize the kernel bodies only;
-    the tuning sessions still interleave between launches (their config pre_hooks sleep)."""
+    the tuning sessions still interleave between launches (the tuned functions pause there)."""
     from triton_ctx_tune.compat import interpret_mode
 
     if not interpret_mode():
@@ -215,15 +219,19 @@ def test_threads_tune_independently_and_plain_launches_are_not_captured(serializ
     start = threading.Barrier(3)
     results: dict[str, object] = {}
 
+    # Outside the timed slots, a real pause hands the interpreter to the other threads; the configs'
+    # declared costs (tests/kernels.py) count on each thread's own clock only.
     @contextual_autotune(**FAST)
     def op_a(x: torch.Tensor):
         h = x.clone()
+        time.sleep(0.002)
         K.double_[grid(h.numel())](h, h.numel())
         return h
 
     @contextual_autotune(**FAST)
     def op_b(x: torch.Tensor):
         h = x.clone()
+        time.sleep(0.002)
         K.add_one_[grid(h.numel())](h, h.numel())
         return h
 
@@ -447,6 +455,8 @@ def test_logs_record_every_slot_and_decision(tmp_path):
     (decision,) = [e for e in events if e["event"] == "decision"]
     assert decision["winner"] == 1 and decision["winner_config"].startswith("BLOCK=32,")
     assert decision["stat"] == "min" and decision["world"] == 1 and len(decision["reduced"]) == 3
+    reduced = decision["reduced"]
+    assert reduced[1] < reduced[0] < reduced[2]  # each config's declared cost decides its place
     text = (tmp_path / "logs" / "rank-0.log").read_text()
     assert "decision kernel=double_ key=(64, 'torch.float32') winner=config#1 {BLOCK=32" in text
 
@@ -461,7 +471,7 @@ def test_bare_decorator_and_bad_options():
     x = ramp(32)
     torch.testing.assert_close(op(x), x * 2)
     # Defaults: early stopping screens each config with 1 warm-up + 1 timed slot; the two that
-    # sleep are over 1.5x the best, so BLOCK 32 wins at once: 6 executions, then the final one.
+    # cost more are over 1.5x the best, so BLOCK 32 wins at once: 6 executions, then the final one.
     assert op.last_call.executions == 3 * 2 + 1
     assert chosen(K.double_) == {(32, "torch.float32"): 32}
     with pytest.raises(InvalidOptionError, match="n_repeat=0 is not valid: expected an int >= 1"):
@@ -511,3 +521,60 @@ def test_early_stop_option_and_environment(monkeypatch):
         contextual_autotune(early_stop=1.0)
     with pytest.raises(InvalidOptionError, match="bogus=1 is not valid: expected one of the known options"):
         contextual_autotune(bogus=1)
+
+
+
+NUMPY_SCALAR_ERROR = "only 0-dimensional arrays can be converted to Python scalars"  # numpy >= 2.4's words
+
+
+def _interpreter_error(cause: BaseException) -> InterpreterError:
+    """Raised as Triton's interpreter raises what a kernel body raised."""
+    try:
+        try:
+            raise cause
+        except Exception as e:
+            raise InterpreterError(repr(e)) from e
+    except InterpreterError as err:
+        return err
+
+
+@triton.jit
+def _add_one_in_chunks(x_ptr, n, BLOCK: tl.constexpr):
+    # range() over a scalar tensor: the interpreter makes it an int through tensor.__index__.
+    for i in range(0, tl.cdiv(n, BLOCK)):
+        offs = i * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+def test_scalar_tensor_index_runs_or_names_the_numpy_fix():
+    @contextual_autotune(**FAST)
+    def op(x: torch.Tensor):
+        h = x.clone()
+        K.double_[grid(h.numel())](h, h.numel())
+        _add_one_in_chunks[(1,)](h, h.numel(), BLOCK=16)  # the user's own, untuned kernel
+        return h
+
+    x = ramp(40)
+    if not interpret_mode() or interpreter_numpy_note(_interpreter_error(TypeError(NUMPY_SCALAR_ERROR))) is None:
+        torch.testing.assert_close(op(x), x * 2 + 1)
+        return
+    # triton 3.4 to 3.6 under the interpreter with numpy >= 2.4: Triton's own error, and the fix.
+    with pytest.raises(InterpreterError, match="only 0-dimensional arrays") as info:
+        op(x)
+    (note,) = info.value.__notes__
+    assert "pip install 'numpy<2.4'" in note and "triton>=3.7" in note and "triton-lang/triton#9171" in note
+
+
+def test_numpy_note_only_for_the_versions_that_have_the_bug():
+    err = _interpreter_error(TypeError(NUMPY_SCALAR_ERROR))
+    for triton_version, numpy_version in (("3.4.0", "2.4.6"), ("3.6.0", "2.4.0")):
+        note = interpreter_numpy_note(err, triton_version, numpy_version)
+        assert note == (f"triton_ctx_tune: triton {triton_version}'s interpreter cannot run this kernel with numpy "
+                        f"{numpy_version}: it turns a 1-element array into an int, an error since numpy 2.4 "
+                        "(triton-lang/triton#9171, fixed in triton 3.7). Install numpy<2.4 (pip install "
+                        "'numpy<2.4') or triton>=3.7.")
+    for triton_version, numpy_version in (("3.7.0", "2.4.6"), ("3.9.0", "2.4.6"), ("3.4.0", "2.3.5")):
+        assert interpreter_numpy_note(err, triton_version, numpy_version) is None
+    assert interpreter_numpy_note(_interpreter_error(TypeError("unsupported operand")), "3.4.0", "2.4.6") is None
+    assert interpreter_numpy_note(TypeError(NUMPY_SCALAR_ERROR), "3.4.0", "2.4.6") is None

@@ -163,7 +163,7 @@ def test_a_rank_that_never_joins_gives_a_timeout_error_not_a_hang(tmp_path):
 def test_example_matches_the_reference_through_launch(tmp_path):
     if not (ROOT / "examples" / "tp_mlp.py").exists():
         pytest.fail("examples/tp_mlp.py is missing")
-    env = dict(os.environ, TRITON_CTX_TUNE_LOG_DIR=str(tmp_path / "logs"), NPROC="2")
+    env = dict(os.environ, TRITON_CTX_TUNE_LOG_DIR=str(tmp_path / "logs"), NPROC="2", PYTHON=sys.executable)
     proc = subprocess.run([str(ROOT / "launch"), "examples/tp_mlp.py"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=DEADLINE_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -4,7 +4,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
+
+from triton_ctx_tune.compat import SUPPORTED
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,15 +22,22 @@ def _readme_commands() -> list[str]:
 def test_quickstart_is_two_commands_and_ci_runs_the_test_one_verbatim():
     commands = _readme_commands()
     assert len(commands) == 2, commands
-    ci_lines = [line for line in ROOT.joinpath(".ci/run").read_text().splitlines()
-                if line.strip() and not line.startswith("#") and not line.startswith(("set ", "cd "))]
-    assert ci_lines == [commands[1]]
     assert "launch examples/tp_mlp.py" in commands[0]
+    ci = ROOT.joinpath(".ci/run").read_text()
+    lines = [line.strip() for line in ci.splitlines()]
+    assert lines.count(commands[1]) == 1
+    # It runs first, then the suite again on the oldest Triton that compat.py supports.
+    run_order = [line for line in lines if line in ("readme_test_command", '"$VENV/bin/python" -m pytest -q tests')]
+    assert run_order == ["readme_test_command", '"$VENV/bin/python" -m pytest -q tests']
+    oldest = ".".join(map(str, SUPPORTED[0]))
+    assert f"OLDEST_TRITON={oldest}.0 " in ci and '"triton==$OLDEST_TRITON"' in ci
+    assert "set -euo pipefail" in lines
 
 
-def test_launch_help_names_every_knob():
+def test_launch_help_names_every_knob_python_first():
     out = subprocess.run([str(ROOT / "launch"), "--help"], capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ))
+                         env=dict(os.environ, PYTHON=sys.executable))
     assert out.returncode == 0
-    for knob in ("NPROC", "TRITON_CTX_TUNE_DEVICE", "MASTER_PORT", "PYTHON"):
-        assert knob in out.stdout
+    knobs = [line.split()[0] for line in out.stdout.splitlines() if re.match(r"  [A-Z_]+ {2,}", line)]
+    assert knobs == ["PYTHON", "NPROC", "TRITON_CTX_TUNE_DEVICE", "MASTER_PORT"]  # virtualenv users read PYTHON first
+    assert "PYTHON=.venv/bin/python ./launch" in out.stdout

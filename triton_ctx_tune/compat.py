@@ -11,8 +11,10 @@ import re
 import textwrap
 import traceback
 from dataclasses import dataclass
+import warnings
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import triton
 from triton.compiler.errors import CompilationError, CompileTimeAssertionFailure
 from triton.runtime.autotuner import Autotuner, Config
@@ -21,7 +23,7 @@ from triton.runtime.errors import InterpreterError, OutOfResources, PTXASError
 __all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "interpret_mode", "tuning_key",
            "prune_configs", "launch_config", "launch_cached", "compile_only", "load_binary", "reset_before_final_launch", "config_failure_reason", "kernel_name", "JitInfo", "jit_info", "jit_function",
            "inner_heuristics", "constexpr_value", "aggregate_members", "is_triton_builtin",
-           "autotuner_definition", "autotuner_hooks",
+           "autotuner_definition", "autotuner_hooks", "explain_error", "interpreter_numpy_note",
            "config_to_dict", "config_str", "print_autotuning", "notify_listener"]
 
 TRITON_VERSION: str = triton.__version__
@@ -34,8 +36,6 @@ def _version_tuple(version: str) -> tuple[int, int]:
 
 
 if not SUPPORTED[0] <= _version_tuple(TRITON_VERSION) <= SUPPORTED[1]:
-    import warnings
-
     warnings.warn(f"triton_ctx_tune supports triton 3.4 to 3.9; found {TRITON_VERSION}. "
                   "It may work, but nothing has been tested on this version.", stacklevel=2)
 
@@ -304,3 +304,36 @@ def notify_listener(at: Autotuner, key: tuple, best: Config, timings: dict, dura
     while hasattr(fn, "fn") and not isinstance(fn, triton.runtime.jit.JITFunction):
         fn = fn.fn
     listener(fn=fn, key=key, best_config=best, configs_timings=timings, duration=duration, cache_hit=False)
+
+
+# Triton 3.4 to 3.6's interpreter makes a scalar tensor an index (range(tl.cdiv(K, BLOCK_K)), a slice)
+# with int() on a 1-element array, which NumPy 1.25 deprecated and NumPy 2.4 made a TypeError. Any
+# kernel that does so fails under TRITON_INTERPRET=1, tuned or not; Triton 3.7 fixed it
+# (triton-lang/triton#9171). Patching Triton's interpreter from here would make a user's kernels
+# behave differently depending on whether this package was imported, so the error names the fix.
+_NUMPY_SCALAR_ERROR = "only 0-dimensional arrays can be converted to Python scalars"
+
+
+def interpreter_numpy_note(exc: BaseException, triton_version: str = TRITON_VERSION,
+                           numpy_version: str = np.__version__) -> str | None:
+    """What to do about `exc` if it is that interpreter error on this Triton and NumPy, else None."""
+    cause = exc.__cause__
+    if not (isinstance(exc, InterpreterError) and isinstance(cause, TypeError) and _NUMPY_SCALAR_ERROR in str(cause)):
+        return None
+    if _version_tuple(triton_version) >= (3, 7) or _version_tuple(numpy_version) < (2, 4):
+        return None
+    return (f"triton_ctx_tune: triton {triton_version}'s interpreter cannot run this kernel with numpy "
+            f"{numpy_version}: it turns a 1-element array into an int, an error since numpy 2.4 "
+            "(triton-lang/triton#9171, fixed in triton 3.7). Install numpy<2.4 (pip install 'numpy<2.4') "
+            "or triton>=3.7.")
+
+
+def explain_error(exc: BaseException) -> None:
+    """Attach the fix to an error that this Triton and NumPy cause together (see above)."""
+    note = interpreter_numpy_note(exc)
+    if note is None or note in getattr(exc, "__notes__", ()):
+        return
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python < 3.11 prints no notes
+        warnings.warn(note, stacklevel=2)

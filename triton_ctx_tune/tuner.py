@@ -8,6 +8,7 @@ import torch
 
 from . import patch, resolver
 from .call import Call
+from .compat import explain_error
 from .options import TuneOptions
 from .session import CallStats
 
@@ -60,6 +61,8 @@ class ContextualAutotuner(Generic[R]):
                     session.begin_step()
                     result = self.fn(*args, **kwargs)
         except BaseException as e:
+            if isinstance(e, Exception):
+                explain_error(e)  # adds a note naming the fix for known environment problems
             undo()
             call.close(type(e), e)
             raise
