@@ -196,3 +196,11 @@ def test_torch_compile_breaks_the_graph_once_at_the_call_and_tunes_with_our_tune
     assert [t.kernel for t in op.last_call.tuned] == ["double_"] and op.last_call.executions == 10
     torch.testing.assert_close(compiled(x), (x + 1) * 2 - 1)
     assert op.last_call.executions == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no GPU")
+def test_cuda_graph_timing_is_refused_without_a_gpu_before_any_work():
+    from triton_ctx_tune import InvalidOptionError
+
+    with pytest.raises(InvalidOptionError, match="cuda_graph=True is not valid: expected False here: graph replays need"):
+        contextual_autotune(cuda_graph=True)

@@ -96,3 +96,21 @@ def test_call_cost_benchmark_smoke(tmp_path):
     data = json.loads((tmp_path / "cost.json").read_text())
     assert {r["arm"] for r in data["rows"]} >= {"bare", "ours"}
     assert data["miss"]["tuned"] and data["miss"]["executions"] > 1
+
+
+def test_cuda_graph_timing_tunes_an_in_place_kernel_on_clones(tmp_path):
+    _add_one.cache.clear()
+
+    @contextual_autotune(cache=False, n_warmup=1, n_repeat=3, cuda_graph=True)
+    def op(x: torch.Tensor) -> torch.Tensor:
+        h = x.clone()
+        _add_one[lambda m: (triton.cdiv(h.numel(), m["BLOCK"]),)](h, h.numel())  # in place
+        return h
+
+    x = torch.randn(1 << 20, device="cuda")
+    torch.testing.assert_close(op(x), x + 1)  # replays ran on clones: the result saw one application
+    assert len(op.last_call.tuned) == 1 and op.last_call.executions > 1
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    assert events[0]["timer"] == "cuda-graph"
+    (decision,) = [e for e in events if e["event"] == "decision"]
+    assert all(0 < t < float("inf") for t in decision["reduced"])

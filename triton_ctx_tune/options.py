@@ -32,6 +32,14 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
+def _has_cuda_graphs() -> bool:
+    import torch
+
+    from .compat import interpret_mode
+
+    return torch.cuda.is_available() and not interpret_mode()
+
+
 def _env_flag(name: str, default: bool = False) -> bool:
     raw = os.environ.get(name, "")
     value = raw.strip().lower()
@@ -115,6 +123,9 @@ class TuneOptions:
     # invalid on every rank and its compile is abandoned (a compiler that hangs on one config must
     # not hang the job). None: TRITON_CTX_TUNE_COMPILE_TIMEOUT or 600; math.inf: no limit.
     compile_timeout_s: float | None = None
+    # Time each timed slot as replays of a CUDA graph holding the launch (on clones of its tensors),
+    # for kernels deployed under graphs, where launch overhead is gone. Needs a CUDA GPU.
+    cuda_graph: bool = False
 
     def __post_init__(self) -> None:
         for name in ("n_repeat", "n_warmup", "max_executions"):
@@ -122,6 +133,11 @@ class TuneOptions:
             lowest = 0 if name == "n_warmup" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
                 raise InvalidOptionError(name, value, f"an int >= {lowest}")
+        if not isinstance(self.cuda_graph, bool):
+            raise InvalidOptionError("cuda_graph", self.cuda_graph, "True or False")
+        if self.cuda_graph and not _has_cuda_graphs():
+            raise InvalidOptionError("cuda_graph", True, "False here: graph replays need a CUDA GPU, and kernels "
+                                     "under TRITON_INTERPRET=1 run on the host")
         if not isinstance(self.is_dist, bool):
             raise InvalidOptionError("is_dist", self.is_dist, "True or False")
         if self.reduce not in REDUCTIONS:

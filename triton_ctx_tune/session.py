@@ -16,7 +16,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -31,7 +31,7 @@ from .patch import original_run
 from .progress import Progress, steps_left
 from .precompile import default_threads, precompile
 from .state import KeyState, Slot, SlotRecord, pick_winner, screen
-from .timing import CudaEventTimer, HostTimer, make_timer
+from .timing import CudaEventTimer, CudaGraphTimer, HostTimer, make_timer
 
 
 @dataclass
@@ -78,7 +78,7 @@ class Session:
 
     @functools.cached_property
     def timer(self) -> HostTimer | CudaEventTimer:
-        return make_timer(self.opts.flush_l2)
+        return make_timer(self.opts.flush_l2, self.opts.cuda_graph)
 
     @functools.cached_property
     def log(self) -> RankLog:
@@ -159,7 +159,7 @@ class Session:
     def _ensure_header(self) -> None:
         if not self._logged_header:
             self._logged_header = True
-            device = torch.cuda.get_device_name() if self.timer.kind == "cuda-events" else "cpu"
+            device = torch.cuda.get_device_name() if self.timer.kind != "host" else "cpu"
             self.log.header(self.function, self.comm.world, device, self.timer.kind)
 
     def _cache_hit(self, at: Autotuner, key: tuple, configs: list, lookup: Lookup) -> None:
@@ -204,15 +204,21 @@ class Session:
         if slot is not None and slot.config in state.failures:
             record.failure = "skipped: this config failed in an earlier slot"
         elif slot is not None:
-            token = self.timer.start(flush=True) if slot.timed else None
+            replay = slot.timed and isinstance(self.timer, CudaGraphTimer)
+            token = self.timer.start(flush=True) if slot.timed and not replay else None
             ok, out = self._try_launch(state, slot.config, args, kwargs)
+            if ok and replay:
+                at, config = state.autotuner, state.configs[slot.config]
+                ok, sample = self._try(state, slot.config, lambda: self.timer.measure(  # type: ignore[union-attr]
+                    lambda a: launch_config(at, config, a, kwargs), args))
+                record.failure = None if ok else sample
             if not ok:
-                record.failure = out
+                record.failure = record.failure or out
             else:
                 state.works.add(slot.config)
                 record.ran = slot.config
-                if token is not None:
-                    record.sample = self.timer.stop(token)
+                if token is not None or replay:
+                    record.sample = sample if replay else self.timer.stop(token)
                     state.samples[slot.config].append(record.sample)
                 return out
         return self._fallback(state, record, args, kwargs)
@@ -220,8 +226,11 @@ class Session:
     def _try_launch(self, state: KeyState, index: int, args: tuple, kwargs: dict[str, Any]) -> tuple[bool, Any]:
         """Launch config `index`: (True, its return value), or (False, the reason) if the config cannot
         run here, which also marks it failed. Any other exception is the user's and propagates."""
+        return self._try(state, index, lambda: launch_config(state.autotuner, state.configs[index], args, kwargs))
+
+    def _try(self, state: KeyState, index: int, work: Callable[[], Any]) -> tuple[bool, Any]:
         try:
-            return True, launch_config(state.autotuner, state.configs[index], args, kwargs)
+            return True, work()
         except Exception as e:
             reason = config_failure_reason(e)
             if reason is None:
