@@ -27,7 +27,7 @@ _start_lock = threading.Lock()
 
 
 class Call:
-    __slots__ = ("function", "opts", "session", "closed", "started", "wall_s")
+    __slots__ = ("function", "opts", "session", "closed", "started", "wall_s", "token", "previous")
 
     def __init__(self, function: str, opts: TuneOptions) -> None:
         self.function = function
@@ -36,6 +36,8 @@ class Call:
         self.closed = False
         self.started = time.perf_counter()
         self.wall_s = 0.0
+        self.token: Any = None  # resolver.enter/leave keep their undo state here
+        self.previous: Any = None
 
     def launch(self, at: Autotuner, args: tuple, kwargs: dict[str, Any]) -> Any:
         session = self.session

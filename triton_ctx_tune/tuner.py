@@ -51,7 +51,7 @@ class ContextualAutotuner(Generic[R]):
             patch.make_resident()
         call = Call(self.name, self.opts)
         self._last = call
-        undo = resolver.attribute(call)
+        resolver.enter(call)
         # try/except rather than an ExitStack: this is the warm path, paid on every call.
         try:
             result = self.fn(*args, **kwargs)
@@ -63,10 +63,10 @@ class ContextualAutotuner(Generic[R]):
         except BaseException as e:
             if isinstance(e, Exception):
                 explain_error(e)  # adds a note naming the fix for known environment problems
-            undo()
+            resolver.leave(call)
             call.close(type(e), e)
             raise
-        undo()
+        resolver.leave(call)
         call.close()
         return result
 
