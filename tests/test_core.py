@@ -149,12 +149,17 @@ def test_patch_stays_resident_is_invisible_outside_calls_and_release_restores():
     op(x)
     assert ctx_patch.is_installed() and ctx_patch.resident
     assert_call_closed()
-    # Outside any call the dispatcher is Triton's own run: a single surviving config is cached by
-    # Triton itself, and a key tuned by the call is a plain cache hit.
+    # Outside any call the dispatcher is Triton's own run: a one-config kernel is launched by Triton
+    # itself (which records best_config), and a key tuned by the call is a plain cache hit.
+    at = autotuner(K.single_config_add_one_)
+    at.best_config = None
     h = x.clone()
-    K.small_pruned_add_one_[grid(30)](h, 30)
+    K.single_config_add_one_[grid(30)](h, 30)
     torch.testing.assert_close(h, x + 1)
-    assert chosen(K.small_pruned_add_one_) == {(30, "torch.float32"): 16}
+    assert at.best_config is at.configs[0] and at.cache == {}
+    h = x.clone()
+    K.add_one_[grid(30)](h, 30)
+    torch.testing.assert_close(h, x + 1)
     assert op.last_call.executions == 10
     ctx_patch.release()
     assert Autotuner.__dict__["run"] is ORIGINAL_RUN and not ctx_patch.is_installed()
