@@ -216,9 +216,17 @@ def entry_id(ident: dict[str, Any]) -> str:
     return hashlib.sha256(canonical(ident).encode()).hexdigest()
 
 
-def agreement_digest(ident: dict[str, Any]) -> bytes:
+def _describe_lookup(ident: dict[str, Any]) -> str:
+    return (f"cache lookup of {ident['kernel']} key={ident['key']} code={code_digest(ident['code'])[:12]} "
+            f"world={ident['world']} reduce={ident['reduce']} stat={ident['stat']} "
+            f"triton={ident['triton']} torch={ident['torch']} autotuner={canonical(ident['autotuner'])} "
+            f"configs=[{'; '.join(canonical(c) for c in ident['configs'])}]")
+
+
+def agreement_identity(ident: dict[str, Any]) -> bytes:
+    """What every rank's lookup must share (per-rank fields, such as hooks, left out)."""
     shared = {k: v for k, v in ident.items() if k not in _PER_RANK_FIELDS}
-    return hashlib.sha256(canonical(shared).encode()).digest()[:16]
+    return canonical(shared).encode()
 
 
 def entry_filename(kernel: str, eid: str) -> str:
@@ -452,12 +460,14 @@ class TuningCache:
         hit, winner = entry is not None, entry["winner"]["index"] if entry is not None else -1
         stale = self._stale(path, ident) if self.reads_and_writes and not self.retune and not hit else None
         if self.comm.active:
-            digest = torch.frombuffer(bytearray(agreement_digest(ident)), dtype=torch.int64)
-            row = torch.cat([digest, torch.tensor([int(hit), winner], dtype=torch.int64)])
-            rows = self.comm.all_gather(row, "look up the tuning cache")  # [world, 4]
-            if not bool((rows[:, :2] == rows[0, :2]).all()):
-                self._raise_mismatch(ident)
-            hit, winner = bool(rows[0, 2]), int(rows[0, 3])
+            answers, differing = self.comm.agree(agreement_identity(ident), "look up the tuning cache",
+                                                 lambda: _describe_lookup(ident).encode(), payload=(int(hit), winner))
+            if differing is not None:
+                groups: dict[bytes, list[int]] = {}
+                for rank, text in enumerate(differing):
+                    groups.setdefault(text, []).append(rank)
+                raise RankMismatchError("\n".join(f"  ranks {ranks}: {text.decode()}" for text, ranks in groups.items()))
+            hit, winner = bool(answers[0, 0]), int(answers[0, 1])  # rank 0's answer
         return Lookup(ident, eid, path, hit, winner, entry, stale)
 
     def _load(self, path: Path, ident: dict[str, Any], configs: Sequence[Config]) -> dict[str, Any] | None:
@@ -501,18 +511,6 @@ class TuningCache:
             return None
         _, closest, reasons = min(found, key=lambda f: (len(f[2]), f[0]))  # fewest changes, then newest
         return Stale(closest, reasons, len(found) - 1)
-
-    def _raise_mismatch(self, ident: dict[str, Any]) -> None:
-        # Every rank saw the same gathered rows, so every rank reaches this second gather.
-        mine = (f"cache lookup of {ident['kernel']} key={ident['key']} code={code_digest(ident['code'])[:12]} "
-                f"world={ident['world']} reduce={ident['reduce']} stat={ident['stat']} "
-                f"triton={ident['triton']} torch={ident['torch']} autotuner={canonical(ident['autotuner'])} "
-                f"configs=[{'; '.join(canonical(c) for c in ident['configs'])}]")
-        everyone = self.comm.all_gather_bytes(mine.encode(), "describe the cache lookup disagreement")
-        groups: dict[bytes, list[int]] = {}
-        for rank, text in enumerate(everyone):
-            groups.setdefault(text, []).append(rank)
-        raise RankMismatchError("\n".join(f"  ranks {ranks}: {text.decode()}" for text, ranks in groups.items()))
 
     def store(self, lookup: Lookup, configs: Sequence[Config], winner: int, reduced: Sequence[Sequence[float]],
               per_rank: Sequence[Sequence[float]], failures: dict[int, str], tuned: dict[str, Any]) -> Path | None:

@@ -5,8 +5,9 @@ torch.distributed is not initialized, so the single-process path has no special 
 """
 from __future__ import annotations
 
+import hashlib
 import time
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -80,3 +81,18 @@ class Collectives:
             buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         rows = self.all_gather(buf, what)
         return [bytes(rows[r, : int(sizes[r, 0])].tolist()) for r in range(self.world)]
+
+    def agree(self, identity: bytes, what: str, explain: Callable[[], bytes],
+              payload: Sequence[int] = ()) -> tuple[torch.Tensor, list[bytes] | None]:
+        """Check that every rank holds the same `identity`, in one small all-gather.
+
+        Returns every rank's `payload` (small ints riding along, [world, len(payload)]) and None when
+        all identities match; otherwise every rank's `explain()` (gathered only then, so the common
+        case costs one collective). Every rank gets the same answer, so all of them take the same branch.
+        """
+        digest = torch.frombuffer(bytearray(hashlib.sha256(identity).digest()[:16]), dtype=torch.int64)
+        row = torch.cat([digest, torch.tensor(list(payload), dtype=torch.int64)])
+        rows = self.all_gather(row, what)
+        if bool((rows[:, :2] == rows[0, :2]).all()):
+            return rows[:, 2:], None
+        return rows[:, 2:], self.all_gather_bytes(explain(), what + ": the differences")

@@ -85,6 +85,7 @@ ENVIRONMENT: dict[str, Callable[[], object]] = {
     "TRITON_CTX_TUNE_CACHE": lambda: _env_flag("TRITON_CTX_TUNE_CACHE", default=True),
     "TRITON_CTX_TUNE_RETUNE": lambda: _env_flag("TRITON_CTX_TUNE_RETUNE"),
     "TRITON_CTX_TUNE_PRECOMPILE": lambda: _env_flag("TRITON_CTX_TUNE_PRECOMPILE", default=True),
+    "TRITON_CTX_TUNE_QUARANTINE": lambda: _env_flag("TRITON_CTX_TUNE_QUARANTINE", default=True),
     "TRITON_CTX_TUNE_QUIET": lambda: _env_flag("TRITON_CTX_TUNE_QUIET"),
     "TRITON_CTX_TUNE_EARLY_STOP": _env_early_stop,
     "TRITON_CTX_TUNE_TIMEOUT": lambda: _env_float("TRITON_CTX_TUNE_TIMEOUT", DEFAULT_TIMEOUT_S),
@@ -126,6 +127,9 @@ class TuneOptions:
     # Time each timed slot as replays of a CUDA graph holding the launch (on clones of its tensors),
     # for kernels deployed under graphs, where launch overhead is gone. Needs a CUDA GPU.
     cuda_graph: bool = False
+    # Note each slot's launch on disk before it runs, so that a config that kills the process is
+    # skipped by every later run (quarantine.py). None: TRITON_CTX_TUNE_QUARANTINE, on unless it is 0.
+    quarantine: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_repeat", "n_warmup", "max_executions"):
@@ -133,6 +137,8 @@ class TuneOptions:
             lowest = 0 if name == "n_warmup" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
                 raise InvalidOptionError(name, value, f"an int >= {lowest}")
+        if self.quarantine is not None and not isinstance(self.quarantine, bool):
+            raise InvalidOptionError("quarantine", self.quarantine, "True, False or None")
         if not isinstance(self.cuda_graph, bool):
             raise InvalidOptionError("cuda_graph", self.cuda_graph, "True or False")
         if self.cuda_graph and not _has_cuda_graphs():
@@ -207,6 +213,9 @@ class TuneOptions:
 
     def resolved_precompile(self) -> bool:
         return _env_flag("TRITON_CTX_TUNE_PRECOMPILE", default=True) if self.precompile is None else self.precompile
+
+    def resolved_quarantine(self) -> bool:
+        return _env_flag("TRITON_CTX_TUNE_QUARANTINE", default=True) if self.quarantine is None else self.quarantine
 
     def resolved_retune(self) -> bool:
         return _env_flag("TRITON_CTX_TUNE_RETUNE")

@@ -10,7 +10,6 @@ broadcasts either the survivors of a screening pass or the winner.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import math
 import threading
@@ -20,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from .cache import Lookup, TuningCache
+from .cache import Lookup, TuningCache, entry_id, identity, resolve_dir
 from .collectives import Collectives
 from .compat import (Autotuner, compile_only, config_failure_reason, config_str, kernel_name, launch_config, notify_listener,
                      prune_configs, reset_before_final_launch, tuning_key)
@@ -29,6 +28,7 @@ from .logs import RankLog, fmt_ms
 from .options import TuneOptions
 from .patch import original_run
 from .progress import Progress, steps_left
+from .quarantine import Quarantine
 from .precompile import default_threads, precompile
 from .state import KeyState, Slot, SlotRecord, pick_winner, screen
 from .timing import CudaEventTimer, CudaGraphTimer, HostTimer, make_timer
@@ -91,6 +91,18 @@ class Session:
                                                           self.opts.reduce, self.opts.stat)
 
     @functools.cached_property
+    def quarantine(self) -> Quarantine | None:
+        if not self.opts.resolved_quarantine():
+            return None
+        cache_dir = resolve_dir(self.opts.cache_dir)
+        q = Quarantine(cache_dir.with_name(cache_dir.name + "-quarantine"), self.comm.global_rank, self.comm)
+        for r in q.recovered:
+            self._ensure_header()
+            self.log.write("quarantine-recovered", f"quarantine kernel={r.get('kernel')} key={r.get('key')} "
+                           f"config#{r.get('index')} {{{r.get('config')}}}: {r['reason']}", **r)
+        return q
+
+    @functools.cached_property
     def early_stop(self) -> float | None:
         return self.opts.resolved_early_stop()
 
@@ -145,7 +157,7 @@ class Session:
                 line, fields = lookup.stale.describe(kernel_name(at), key)
                 self.log.write("cache-stale", line, **fields)
                 self.log.summary(f"{self.function}: {line}")
-            state = self._new_state(at, key, configs, args, kwargs)
+            state = self._new_state(at, key, configs, args, kwargs, lookup.id if lookup is not None else None)
             if lookup is not None:
                 self.misses[id(state)] = lookup
         if state.decided:
@@ -179,12 +191,17 @@ class Session:
         self.log.summary(f"{self.function}: {kernel_name(at)} key={key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
                          f"(from the tuning cache, tuned {date})")
 
-    def _new_state(self, at: Autotuner, key: tuple, configs: list, args: tuple, kwargs: dict[str, Any]) -> KeyState:
+    def _new_state(self, at: Autotuner, key: tuple, configs: list, args: tuple, kwargs: dict[str, Any],
+                   key_id: str | None) -> KeyState:
         self._ensure_header()
         state = KeyState(at, key, configs, self.opts.n_warmup, self.opts.n_repeat, kernel_name(at),
                          early_stop=self.early_stop)
         self.states[(id(at), key)] = state
         self.new_states.append(state)
+        if self.quarantine is not None:
+            state.key_id = key_id or entry_id(identity(at, key, configs, self.comm.world, self.opts.reduce,
+                                                       self.opts.stat))
+            self._apply_quarantine(state)
         if self.opts.resolved_precompile():
             done = precompile(state, args, kwargs, self.comm, self.opts.compile_threads or default_threads(),
                               self.opts.resolved_compile_timeout())
@@ -197,6 +214,19 @@ class Session:
                            seconds=done.seconds, failures={str(i): r for i, r in done.failures.items()})
         return state
 
+    def _apply_quarantine(self, state: KeyState) -> None:
+        assert self.quarantine is not None
+        skipped = self.quarantine.lookup(state.key_id, len(state.configs))
+        for i, reason in sorted(skipped.items()):
+            state.fail(i, reason)
+        if skipped:
+            self.log.write("quarantine", f"quarantine kernel={state.kernel} key={state.key!r} skips configs "
+                           f"{sorted(skipped)}: they killed a process while they ran", kernel=state.kernel,
+                           key=list(state.key), configs={str(i): r for i, r in skipped.items()})
+            self.progress.clear()
+            self.log.summary(f"{self.function}: {state.kernel} key={state.key!r}: skipping quarantined configs "
+                             + "; ".join(f"#{i} ({r})" for i, r in sorted(skipped.items())))
+
     def _run_slot(self, state: KeyState, args: tuple, kwargs: dict[str, Any]) -> Any:
         slot = state.take_slot()
         record = SlotRecord(slot, None)
@@ -205,8 +235,20 @@ class Session:
             record.failure = "skipped: this config failed in an earlier slot"
         elif slot is not None:
             replay = slot.timed and isinstance(self.timer, CudaGraphTimer)
+            if self.quarantine is not None:
+                self.quarantine.begin(state.key_id, state.kernel, state.key, slot.config,
+                                      config_str(state.configs[slot.config]))
             token = self.timer.start(flush=True) if slot.timed and not replay else None
-            ok, out = self._try_launch(state, slot.config, args, kwargs)
+            try:
+                ok, out = self._try_launch(state, slot.config, args, kwargs)
+            except BaseException:
+                if self.quarantine is not None:
+                    self.quarantine.clear()  # raised on the host: the user's error, not a config that kills
+                raise
+            if self.quarantine is not None:
+                # A device fault surfaces here, as an exception from the synchronize; the record then
+                # stays, and the next run skips the config.
+                self.quarantine.end()
             if ok and replay:
                 at, config = state.autotuner, state.configs[slot.config]
                 ok, sample = self._try(state, slot.config, lambda: self.timer.measure(  # type: ignore[union-attr]
@@ -293,13 +335,9 @@ class Session:
         mine = {"new": [s.describe() for s in self.new_states], "launches": self.tuning_launches,
                 "finishing": [s.describe() for s in finishing]}
         blob = json.dumps(mine, sort_keys=True).encode()
-        digest = hashlib.sha256(blob).digest()[:16]
-        row = torch.frombuffer(bytearray(digest), dtype=torch.int64)
-        rows = self.comm.all_gather(row, "agree on what to tune")
-        if bool((rows == rows[0]).all()):
-            return
-        everyone = [json.loads(b) for b in self.comm.all_gather_bytes(blob, "describe the disagreement")]
-        raise RankMismatchError(_describe_mismatch(everyone))
+        _, differing = self.comm.agree(blob, "agree on what to tune", lambda: blob)
+        if differing is not None:
+            raise RankMismatchError(_describe_mismatch([json.loads(b) for b in differing]))
 
     def _log_slots(self) -> None:
         for state in self.states.values():

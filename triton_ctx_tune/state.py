@@ -57,6 +57,7 @@ class KeyState:
     winner: int | None = None
     reset_pending: bool = False  # the final run's first launch zeroes reset_to_zero args, as Triton's does
     started: float = field(default_factory=time.perf_counter)
+    key_id: str = ""  # the cache identity's id: what quarantine records name
     tuning_s: float = 0.0
 
     def __post_init__(self) -> None:

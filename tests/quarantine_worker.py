@@ -1,0 +1,75 @@
+"""One process of the quarantine tests (test_quarantine.py): tune a kernel whose fastest config kills the process.
+
+With CRASH_BLOCK=32 set, config BLOCK=32 calls os._exit(3) from its pre_hook, inside its slot, as a
+device-side assert or an illegal memory access ends a real job (on rank CRASH_RANK only, when started
+by torchrun). Prints one JSON line (and, with QUARANTINE_OUT, writes one file per rank) when it survives.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from tests.kernels import DEVICE, SLOW_MS, costly, grid  # noqa: E402
+from triton_ctx_tune import contextual_autotune  # noqa: E402
+
+
+def _hook(block: int, cost_ms: float) -> Any:
+    spend = costly(lambda nargs: cost_ms)
+
+    def hook(nargs: dict[str, Any]) -> None:
+        if os.environ.get("CRASH_BLOCK") == str(block) and os.environ.get("RANK", "0") == os.environ.get("CRASH_RANK", "0"):
+            os._exit(3)
+        spend(nargs)
+    return hook
+
+
+# BLOCK 32 is the fastest; 16 and 64 declare costs.
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=4, pre_hook=_hook(b, c)) for b, c in ((16, SLOW_MS), (32, 0.0),
+                                                                                         (64, 2 * SLOW_MS))]
+
+
+@triton.autotune(configs=CONFIGS, key=["n"])
+@triton.jit
+def add_one(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+def main() -> None:
+    distributed = "RANK" in os.environ
+    if distributed:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        dist.barrier()
+
+    @contextual_autotune(is_dist=distributed, n_warmup=1, n_repeat=2, early_stop=False, cache=False)
+    def op(x: torch.Tensor) -> torch.Tensor:
+        h = x.clone()
+        add_one[grid(h.numel())](h, h.numel())
+        return h
+
+    x = torch.arange(64, dtype=torch.float32, device=DEVICE)
+    y = op(x)
+    rank = int(os.environ.get("RANK", "0"))
+    row = json.dumps({"rank": rank, "ok": bool(torch.equal(y, x + 1)), "executions": op.last_call.executions,
+                      "chosen": {repr(k): c.kwargs["BLOCK"] for k, c in add_one.cache.items()}})
+    print(row, flush=True)
+    if os.environ.get("QUARANTINE_OUT"):  # ranks share stdout: one file each
+        Path(os.environ["QUARANTINE_OUT"], f"rank{rank}.json").write_text(row)
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

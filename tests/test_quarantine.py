@@ -1,0 +1,92 @@
+"""Quarantine (quarantine.py): a config that killed the process is skipped by the next run, and said so."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(tmp_path: Path, crash: str | None, world: int = 0, crash_rank: int = 0) -> subprocess.CompletedProcess:
+    """The worker in a fresh process (world=0), or on `world` gloo ranks through torchrun; TRITON_INTERPRET
+    comes from conftest on a machine without a GPU."""
+    env = dict(os.environ, TRITON_CTX_TUNE_CACHE_DIR=str(tmp_path / "cache"), TRITON_CTX_TUNE_LOG_DIR=str(tmp_path / "logs"),
+               TRITON_CTX_TUNE_QUIET="0", PYTHONPATH=str(ROOT), CRASH_RANK=str(crash_rank), OMP_NUM_THREADS="1",
+               QUARANTINE_OUT=str(tmp_path))
+    env.pop("CRASH_BLOCK", None)
+    if crash:
+        env["CRASH_BLOCK"] = crash
+    worker = str(ROOT / "tests" / "quarantine_worker.py")
+    cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", worker]
+           if world else [sys.executable, worker])
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _rows(tmp_path: Path, world: int) -> list[dict]:
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _events(tmp_path: Path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+
+
+def test_a_config_that_kills_the_process_is_skipped_by_the_next_run(tmp_path):
+    first = _run(tmp_path, crash="32")
+    assert first.returncode == 3, first.stderr[-3000:]  # died inside BLOCK 32's slot
+    (record,) = list((tmp_path / "cache-quarantine").glob("inflight-rank0-pid*.json"))
+    assert json.loads(record.read_text())["config"].startswith("BLOCK=32,")
+
+    # Same environment: if the next run tried BLOCK 32 again, it would die again.
+    second = _run(tmp_path, crash="32")
+    assert second.returncode == 0, second.stderr[-3000:]
+    result = json.loads(second.stdout.strip().splitlines()[-1])
+    assert result["ok"] and result["chosen"] == {"(64, 'torch.float32')": 16}  # 32 would have won
+    assert "skipping quarantined configs #1" in second.stderr and "died while running it" in second.stderr
+    events = _events(tmp_path)
+    (recovered,) = [e for e in events if e["event"] == "quarantine-recovered"]
+    assert recovered["index"] == 1 and recovered["config"].startswith("BLOCK=32,")
+    (skipped,) = [e for e in events if e["event"] == "quarantine"]
+    assert list(skipped["configs"]) == ["1"]
+    (decision,) = [e for e in events if e["event"] == "decision"]
+    assert decision["winner"] == 0 and decision["reduced"][1] in (None, float("inf"))
+    assert not list((tmp_path / "cache-quarantine").glob("inflight-*"))
+
+    # And every later run: the quarantine list persists, with no new crash needed.
+    third = _run(tmp_path, crash="32")
+    assert third.returncode == 0 and json.loads(third.stdout.strip().splitlines()[-1])["chosen"] == {
+        "(64, 'torch.float32')": 16}
+
+
+def test_a_run_that_completes_leaves_no_record_and_quarantines_nothing(tmp_path):
+    done = _run(tmp_path, crash=None)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["chosen"] == {"(64, 'torch.float32')": 32}
+    assert list((tmp_path / "cache-quarantine").glob("*")) == []
+
+
+def test_with_two_ranks_a_config_that_killed_rank_1_is_skipped_by_both(tmp_path):
+    if _gpus() == 1:
+        pytest.skip("needs 2 GPUs or none")
+    first = _run(tmp_path, crash="32", world=2, crash_rank=1)
+    assert first.returncode != 0
+    assert len(list((tmp_path / "cache-quarantine").glob("inflight-rank1-pid*.json"))) == 1
+    assert not list((tmp_path / "cache-quarantine").glob("inflight-rank0-*"))
+    second = _run(tmp_path, crash="32", world=2, crash_rank=1)
+    assert second.returncode == 0, second.stderr[-3000:]
+    rows = _rows(tmp_path, 2)
+    assert [r["rank"] for r in rows] == [0, 1]
+    # Only rank 1 has the record; the gathered quarantine makes rank 0 skip BLOCK 32 too.
+    assert all(r["ok"] and r["chosen"] == {"(64, 'torch.float32')": 16} for r in rows)
+    assert len({r["executions"] for r in rows}) == 1
+    assert "rank 1: quarantined" in second.stderr
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

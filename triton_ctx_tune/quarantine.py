@@ -1,0 +1,162 @@
+"""Quarantine: a config that killed the process while it ran is never tried again.
+
+Before every slot's launch a rank writes what is about to run (kernel, key identity, config)
+to its own *in-flight* file, atomically; once the launch has completed (on a GPU: after a
+synchronize, so an asynchronous fault is charged to the launch that caused it) the file is
+removed. A process that dies in between (an illegal memory access, a device-side assert, a
+segfault, os._exit) leaves the file behind. The next tuning call of that rank finds it, moves
+the config onto the rank's quarantine list and says so. Files are per rank, in a folder beside the
+cache directory (`<cache dir>-quarantine`: the cache itself stays rank 0's alone); nodes need not share a file system, because each rank reads only its own file and
+the ranks then share what they found through the collectives, so every rank skips the same configs.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .collectives import Collectives
+from .errors import CacheWarning
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    config: str
+    reason: str
+
+
+class Quarantine:
+    def __init__(self, directory: Path, rank: int, comm: Collectives) -> None:
+        self.directory = directory
+        self.rank = rank
+        # One record per process and thread: two tuning calls of one process, in two threads, must not
+        # clear each other's record.
+        self.inflight = self.directory / f"inflight-rank{rank}-pid{os.getpid()}-t{threading.get_ident()}.json"
+        self.listing = self.directory / f"rank{rank}.jsonl"
+        self.comm = comm
+        self.recovered: list[dict[str, Any]] = []  # what an earlier process left unfinished, found now
+        self._sync = torch.cuda.is_available()
+        self.working = True  # False once the folder cannot be written: tuning goes on without notes
+        try:
+            for path in sorted(self.directory.glob(f"inflight-rank{rank}-pid*.json")):
+                self._recover(path)
+        except OSError as e:
+            self._give_up(e)
+
+    def _give_up(self, error: OSError) -> None:
+        self.working = False
+        warnings.warn(f"triton_ctx_tune: the quarantine folder {self.directory} cannot be used ({error}); tuning "
+                      "goes on without noting slots, so a config that kills the process would be tried again. "
+                      "Fix: make the cache directory's parent writable, or set quarantine=False.", CacheWarning,
+                      stacklevel=4)
+
+    def _recover(self, path: Path) -> None:
+        pid = _pid_of(path.name)
+        if pid is None or pid == os.getpid() or _alive(pid):
+            return  # this process's own calls, or another live job's: not a crash
+        try:
+            record = json.loads(path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError):
+            record = None  # a half-written record cannot name a config; drop it
+        if isinstance(record, dict) and {"id", "config"} <= record.keys():
+            record["reason"] = (f"quarantined: process {record.get('pid')} on {record.get('host')} died while "
+                                f"running it (slot started {record.get('date')})")
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with open(self.listing, "a") as f:
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            self.recovered.append(record)
+        path.unlink(missing_ok=True)
+
+    def _mine(self, key_id: str) -> dict[int, str]:
+        try:
+            lines = self.listing.read_text().splitlines()
+        except OSError:
+            return {}
+        found: dict[int, str] = {}
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("id") == key_id and isinstance(record.get("index"), int):
+                found.setdefault(record["index"], f"{record.get('reason', 'quarantined')} {{{record.get('config')}}}")
+        return found
+
+    def lookup(self, key_id: str, n_configs: int) -> dict[int, str]:
+        """Configs of this key that any rank has quarantined, with the reason, on every rank."""
+        mine = self._mine(key_id)
+        flags = torch.zeros(n_configs, dtype=torch.int64)
+        for i in mine:
+            if 0 <= i < n_configs:
+                flags[i] = 1
+        if not bool(self.comm.all_gather(flags, "share quarantined configs").amax(0).any()):
+            return {}
+        everyone = self.comm.all_gather_bytes(json.dumps(mine).encode(), "share quarantine reasons")
+        merged: dict[int, str] = {}
+        for rank, blob in enumerate(everyone):
+            for i, reason in json.loads(blob).items():
+                merged.setdefault(int(i), f"rank {rank}: {reason}")
+        return merged
+
+    def begin(self, key_id: str, kernel: str, key: tuple, index: int, config: str) -> None:
+        """Durably note the launch about to run (survives the process dying, not the machine)."""
+        if not self.working:
+            return
+        try:
+            self._write(key_id, kernel, key, index, config)
+        except OSError as e:
+            self._give_up(e)
+
+    def _write(self, key_id: str, kernel: str, key: tuple, index: int, config: str) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        record = {"id": key_id, "kernel": kernel, "key": repr(key), "index": index, "config": config,
+                  "pid": os.getpid(), "host": socket.gethostname(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        # Rename over the old record: a reader never sees half a file. No fsync: the page cache
+        # outlives a dying process, and an fsync per slot would cost milliseconds.
+        tmp = self.inflight.with_suffix(".tmp")  # per process and thread, like the record
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.inflight)
+
+    def end(self) -> None:
+        """The launch completed: on a GPU only once the device has run it (a fault raises here, record kept)."""
+        if self._sync:
+            torch.cuda.synchronize()
+        self.clear()
+
+    def clear(self) -> None:
+        if self.working:
+            try:
+                self.inflight.unlink(missing_ok=True)
+            except OSError as e:
+                self._give_up(e)
+            with contextlib.suppress(OSError):
+                self.directory.rmdir()  # leave nothing behind while nothing is quarantined
+
+
+def _pid_of(name: str) -> int | None:
+    match = re.search(r"-pid(\d+)-", name)
+    return int(match.group(1)) if match else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
