@@ -1,7 +1,8 @@
 """One process of the quarantine tests (test_quarantine.py): tune a kernel whose fastest config kills the process.
 
 With CRASH_BLOCK=32 set, config BLOCK=32 calls os._exit(3) from its pre_hook, inside its slot, as a
-device-side assert or an illegal memory access ends a real job (on rank CRASH_RANK only, when started
+device-side assert or an illegal memory access ends a real job; with HANG_BLOCK=32 it never returns, as a
+hung kernel (on rank CRASH_RANK only, when started
 by torchrun). Prints one JSON line (and, with QUARANTINE_OUT, writes one file per rank) when it survives.
 """
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,8 @@ def _hook(block: int, cost_ms: float) -> Any:
     def hook(nargs: dict[str, Any]) -> None:
         if os.environ.get("CRASH_BLOCK") == str(block) and os.environ.get("RANK", "0") == os.environ.get("CRASH_RANK", "0"):
             os._exit(3)
+        if os.environ.get("HANG_BLOCK") == str(block):
+            time.sleep(3600)  # a kernel that never finishes
         spend(nargs)
     return hook
 

@@ -16,7 +16,8 @@ from triton_ctx_tune.options import ENVIRONMENT, TuneOptions
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = ["is_dist", "n_repeat", "n_warmup", "group", "reduce", "stat", "flush_l2", "log_dir", "quiet", "timeout_s",
            "max_executions", "cache", "cache_dir", "early_stop", "precompile", "compile_threads", "compile_timeout_s",
-           "cuda_graph", "quarantine"]
+           "cuda_graph", "quarantine",
+           "slot_timeout_s"]
 
 
 def test_misspelt_keyword_names_the_closest_option_and_lists_them_all():
@@ -48,6 +49,7 @@ BAD_ENV = {
     "TRITON_CTX_TUNE_QUIET": ("silent", FLAG),
     "TRITON_CTX_TUNE_TIMEOUT": ("5m", "a number of seconds, e.g. 120"),
     "TRITON_CTX_TUNE_COMPILE_TIMEOUT": ("-1", "a number of seconds greater than 0"),
+    "TRITON_CTX_TUNE_SLOT_TIMEOUT": ("0", "a number of seconds greater than 0"),
 }
 
 

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,13 +13,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(tmp_path: Path, crash: str | None, world: int = 0, crash_rank: int = 0) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, crash: str | None, world: int = 0, crash_rank: int = 0, **extra: str) -> subprocess.CompletedProcess:
     """The worker in a fresh process (world=0), or on `world` gloo ranks through torchrun; TRITON_INTERPRET
     comes from conftest on a machine without a GPU."""
     env = dict(os.environ, TRITON_CTX_TUNE_CACHE_DIR=str(tmp_path / "cache"), TRITON_CTX_TUNE_LOG_DIR=str(tmp_path / "logs"),
                TRITON_CTX_TUNE_QUIET="0", PYTHONPATH=str(ROOT), CRASH_RANK=str(crash_rank), OMP_NUM_THREADS="1",
                QUARANTINE_OUT=str(tmp_path))
     env.pop("CRASH_BLOCK", None)
+    env.update(extra)
     if crash:
         env["CRASH_BLOCK"] = crash
     worker = str(ROOT / "tests" / "quarantine_worker.py")
@@ -90,3 +92,17 @@ def _gpus() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def test_a_hung_slot_ends_its_process_naming_the_config_which_the_next_run_skips(tmp_path):
+    start = time.monotonic()
+    hung = _run(tmp_path, crash=None, HANG_BLOCK="32", TRITON_CTX_TUNE_SLOT_TIMEOUT="2")
+    assert hung.returncode == 124, hung.stderr[-3000:]
+    assert time.monotonic() - start < 120  # not the hour the kernel would take
+    assert ("SlotHangError: rank 0: kernel add_one, key (64, 'torch.float32'), config {BLOCK=32, num_warps=4"
+            in hung.stderr)
+    assert "has run for more than 2 s" in hung.stderr
+    second = _run(tmp_path, crash=None, HANG_BLOCK="32", TRITON_CTX_TUNE_SLOT_TIMEOUT="2")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert json.loads(second.stdout.strip().splitlines()[-1])["chosen"] == {"(64, 'torch.float32')": 16}
+    assert "skipping quarantined configs #1" in second.stderr

@@ -100,6 +100,19 @@ class TuneDuringCaptureError(CtxTuneError):
         self.function = function
 
 
+class SlotHangError(CtxTuneError):
+    """A slot ran past slot_timeout_s: reported by the rank's watchdog, which then ends the process."""
+
+    def __init__(self, kernel: str, key: str, config: str, seconds: float, rank: int) -> None:
+        super().__init__(
+            f"rank {rank}: kernel {kernel}, key {key}, config {{{config}}} has run for more than {seconds:g} s "
+            "without completing; this process ends now (exit code 124) and the config is quarantined, so the next "
+            "run skips it. Fix: restart the job; if the slot was only slow, raise slot_timeout_s or "
+            "TRITON_CTX_TUNE_SLOT_TIMEOUT.")
+        self.kernel = kernel
+        self.config = config
+
+
 class CacheWarning(UserWarning):
     """A tuning-cache entry could not be read, used or written; the key is tuned instead."""
 

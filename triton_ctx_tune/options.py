@@ -56,6 +56,7 @@ def _env_flag(name: str, default: bool = False) -> bool:
 DEFAULT_EARLY_STOP = 1.5
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_COMPILE_TIMEOUT_S = 600.0
+DEFAULT_SLOT_TIMEOUT_S = 600.0
 
 
 def _is_factor(value: object) -> bool:
@@ -90,6 +91,7 @@ ENVIRONMENT: dict[str, Callable[[], object]] = {
     "TRITON_CTX_TUNE_EARLY_STOP": _env_early_stop,
     "TRITON_CTX_TUNE_TIMEOUT": lambda: _env_float("TRITON_CTX_TUNE_TIMEOUT", DEFAULT_TIMEOUT_S),
     "TRITON_CTX_TUNE_COMPILE_TIMEOUT": lambda: _env_float("TRITON_CTX_TUNE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S),
+    "TRITON_CTX_TUNE_SLOT_TIMEOUT": lambda: _env_float("TRITON_CTX_TUNE_SLOT_TIMEOUT", DEFAULT_SLOT_TIMEOUT_S),
     "TRITON_CTX_TUNE_LOG_DIR": lambda: None,
     "TRITON_CTX_TUNE_CACHE_DIR": lambda: None,
 }
@@ -130,6 +132,10 @@ class TuneOptions:
     # Note each slot's launch on disk before it runs, so that a config that kills the process is
     # skipped by every later run (quarantine.py). None: TRITON_CTX_TUNE_QUARANTINE, on unless it is 0.
     quarantine: bool | None = None
+    # Seconds one slot may run before its rank is declared hung: it names the kernel, key and config on
+    # stderr and ends its process (exit code 124), and the config is quarantined. Needs quarantine.
+    # None: TRITON_CTX_TUNE_SLOT_TIMEOUT or 600.
+    slot_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_repeat", "n_warmup", "max_executions"):
@@ -137,6 +143,10 @@ class TuneOptions:
             lowest = 0 if name == "n_warmup" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
                 raise InvalidOptionError(name, value, f"an int >= {lowest}")
+        if self.slot_timeout_s is not None and (isinstance(self.slot_timeout_s, bool) or not isinstance(
+                self.slot_timeout_s, (int, float)) or not self.slot_timeout_s > 0):
+            raise InvalidOptionError("slot_timeout_s", self.slot_timeout_s,
+                                     "a number of seconds greater than 0, or None for the default")
         if self.quarantine is not None and not isinstance(self.quarantine, bool):
             raise InvalidOptionError("quarantine", self.quarantine, "True, False or None")
         if not isinstance(self.cuda_graph, bool):
@@ -213,6 +223,11 @@ class TuneOptions:
 
     def resolved_precompile(self) -> bool:
         return _env_flag("TRITON_CTX_TUNE_PRECOMPILE", default=True) if self.precompile is None else self.precompile
+
+    def resolved_slot_timeout(self) -> float:
+        if self.slot_timeout_s is not None:
+            return float(self.slot_timeout_s)
+        return _env_float("TRITON_CTX_TUNE_SLOT_TIMEOUT", DEFAULT_SLOT_TIMEOUT_S)
 
     def resolved_quarantine(self) -> bool:
         return _env_flag("TRITON_CTX_TUNE_QUARANTINE", default=True) if self.quarantine is None else self.quarantine

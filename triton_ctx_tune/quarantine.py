@@ -8,14 +8,20 @@ segfault, os._exit) leaves the file behind. The next tuning call of that rank fi
 the config onto the rank's quarantine list and says so. Files are per rank, in a folder beside the
 cache directory (`<cache dir>-quarantine`: the cache itself stays rank 0's alone); nodes need not share a file system, because each rank reads only its own file and
 the ranks then share what they found through the collectives, so every rank skips the same configs.
+
+A slot that runs past `slot_timeout_s` (a hung kernel) cannot be interrupted; a watchdog thread
+names its kernel, key and config on stderr and ends the process with the note in place, so the
+config is quarantined too, and the other ranks' bounded collectives end instead of waiting on NCCL.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -26,7 +32,7 @@ from typing import Any
 import torch
 
 from .collectives import Collectives
-from .errors import CacheWarning
+from .errors import CacheWarning, SlotHangError
 
 
 @dataclass(frozen=True)
@@ -36,8 +42,11 @@ class Quarantined:
 
 
 class Quarantine:
-    def __init__(self, directory: Path, rank: int, comm: Collectives) -> None:
+    def __init__(self, directory: Path, rank: int, comm: Collectives, slot_timeout_s: float = math.inf) -> None:
         self.directory = directory
+        self.slot_timeout_s = slot_timeout_s
+        self._running: tuple[dict[str, Any], float] | None = None  # the noted slot and its deadline
+        self._watchdog: threading.Thread | None = None
         self.rank = rank
         # One record per process and thread: two tuning calls of one process, in two threads, must not
         # clear each other's record.
@@ -125,6 +134,7 @@ class Quarantine:
         self.directory.mkdir(parents=True, exist_ok=True)
         record = {"id": key_id, "kernel": kernel, "key": repr(key), "index": index, "config": config,
                   "pid": os.getpid(), "host": socket.gethostname(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        self._watch(record)
         # Rename over the old record: a reader never sees half a file. No fsync: the page cache
         # outlives a dying process, and an fsync per slot would cost milliseconds.
         tmp = self.inflight.with_suffix(".tmp")  # per process and thread, like the record
@@ -138,6 +148,7 @@ class Quarantine:
         self.clear()
 
     def clear(self) -> None:
+        self._running = None
         if self.working:
             try:
                 self.inflight.unlink(missing_ok=True)
@@ -145,6 +156,31 @@ class Quarantine:
                 self._give_up(e)
             with contextlib.suppress(OSError):
                 self.directory.rmdir()  # leave nothing behind while nothing is quarantined
+
+
+    # ---- the watchdog of hung slots -------------------------------------------------------------
+
+    def _watch(self, record: dict[str, Any]) -> None:
+        if not math.isfinite(self.slot_timeout_s):
+            return
+        self._running = (record, time.monotonic() + self.slot_timeout_s)
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(target=self._patrol, name="ctx-tune-slot-watchdog", daemon=True)
+            self._watchdog.start()
+
+    def _patrol(self) -> None:
+        # A hung kernel blocks the tuning thread inside a launch or a synchronize, where no exception
+        # can reach it; this thread can still speak for it, and end the process with the note in place.
+        pause = min(1.0, self.slot_timeout_s / 4)
+        while True:
+            time.sleep(pause)
+            running = self._running
+            if running is not None and time.monotonic() > running[1]:
+                record = running[0]
+                error = SlotHangError(record["kernel"], record["key"], record["config"], self.slot_timeout_s, self.rank)
+                sys.stderr.write(f"[triton_ctx_tune] {type(error).__name__}: {error}\n")
+                sys.stderr.flush()
+                os._exit(124)
 
 
 def _pid_of(name: str) -> int | None:
@@ -160,3 +196,4 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's live process
     return True
+

@@ -95,7 +95,8 @@ class Session:
         if not self.opts.resolved_quarantine():
             return None
         cache_dir = resolve_dir(self.opts.cache_dir)
-        q = Quarantine(cache_dir.with_name(cache_dir.name + "-quarantine"), self.comm.global_rank, self.comm)
+        q = Quarantine(cache_dir.with_name(cache_dir.name + "-quarantine"), self.comm.global_rank, self.comm,
+                       self.opts.resolved_slot_timeout())
         for r in q.recovered:
             self._ensure_header()
             self.log.write("quarantine-recovered", f"quarantine kernel={r.get('kernel')} key={r.get('key')} "
