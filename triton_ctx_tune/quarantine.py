@@ -131,15 +131,21 @@ class Quarantine:
             self._give_up(e)
 
     def _write(self, key_id: str, kernel: str, key: tuple, index: int, config: str) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
         record = {"id": key_id, "kernel": kernel, "key": repr(key), "index": index, "config": config,
                   "pid": os.getpid(), "host": socket.gethostname(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         self._watch(record)
         # Rename over the old record: a reader never sees half a file. No fsync: the page cache
         # outlives a dying process, and an fsync per slot would cost milliseconds.
         tmp = self.inflight.with_suffix(".tmp")  # per process and thread, like the record
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.inflight)
+        for attempt in range(3):
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(json.dumps(record))
+                os.replace(tmp, self.inflight)
+                return
+            except FileNotFoundError:
+                if attempt == 2:  # another call of this process removed the empty folder meanwhile: again
+                    raise
 
     def end(self) -> None:
         """The launch completed: on a GPU only once the device has run it (a fault raises here, record kept)."""
@@ -154,9 +160,14 @@ class Quarantine:
                 self.inflight.unlink(missing_ok=True)
             except OSError as e:
                 self._give_up(e)
-            with contextlib.suppress(OSError):
-                self.directory.rmdir()  # leave nothing behind while nothing is quarantined
 
+
+
+    def close(self) -> None:
+        """At the end of a call: leave no empty folder behind while nothing is quarantined."""
+        self._running = None
+        with contextlib.suppress(OSError):
+            self.directory.rmdir()
 
     # ---- the watchdog of hung slots -------------------------------------------------------------
 

@@ -112,6 +112,8 @@ class Session:
         return Progress.on_terminal(self.function, self.comm.global_rank, self.opts.resolved_quiet())
 
     def close(self, exc_type: type[BaseException] | None = None, exc: BaseException | None = None) -> None:
+        if self.__dict__.get("quarantine") is not None:
+            self.quarantine.close()
         if "progress" in self.__dict__:
             self.progress.clear()
         self.stats.wall_s = time.perf_counter() - self._started
