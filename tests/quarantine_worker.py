@@ -18,9 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
-from tests.kernels import DEVICE, SLOW_MS, costly, grid  # noqa: E402
+from tests.kernels import DEVICE, SLOW_MS, add_one_, costly, grid  # noqa: E402
 from triton_ctx_tune import contextual_autotune  # noqa: E402
 
 
@@ -41,12 +40,8 @@ CONFIGS = [triton.Config({"BLOCK": b}, num_warps=4, pre_hook=_hook(b, c)) for b,
                                                                                          (64, 2 * SLOW_MS))]
 
 
-@triton.autotune(configs=CONFIGS, key=["n"])
-@triton.jit
-def add_one(x_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+# The kernel body of tests/kernels.add_one_ (x += 1), with these configs.
+add_one = triton.autotune(configs=CONFIGS, key=["n"])(triton.jit(add_one_.fn.fn))
 
 
 def main() -> None:

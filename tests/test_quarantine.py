@@ -99,7 +99,7 @@ def test_a_hung_slot_ends_its_process_naming_the_config_which_the_next_run_skips
     hung = _run(tmp_path, crash=None, HANG_BLOCK="32", TRITON_CTX_TUNE_SLOT_TIMEOUT="2")
     assert hung.returncode == 124, hung.stderr[-3000:]
     assert time.monotonic() - start < 120  # not the hour the kernel would take
-    assert ("SlotHangError: rank 0: kernel add_one, key (64, 'torch.float32'), config {BLOCK=32, num_warps=4"
+    assert ("SlotHangError: rank 0: kernel add_one_, key (64, 'torch.float32'), config {BLOCK=32, num_warps=4"
             in hung.stderr)
     assert "has run for more than 2 s" in hung.stderr
     second = _run(tmp_path, crash=None, HANG_BLOCK="32", TRITON_CTX_TUNE_SLOT_TIMEOUT="2")
@@ -115,7 +115,7 @@ def test_a_slot_hung_on_rank_1_ends_the_job_promptly_and_both_ranks_skip_it_next
     hung = _run(tmp_path, None, world=2, crash_rank=1, HANG_BLOCK="32", TRITON_CTX_TUNE_SLOT_TIMEOUT="2")
     assert hung.returncode != 0
     assert time.monotonic() - start < 120  # neither the hour-long kernel nor a collective's default deadline
-    assert "SlotHangError: rank 1: kernel add_one, key (64, 'torch.float32'), config {BLOCK=32" in hung.stderr
+    assert "SlotHangError: rank 1: kernel add_one_, key (64, 'torch.float32'), config {BLOCK=32" in hung.stderr
     second = _run(tmp_path, None, world=2, crash_rank=1, HANG_BLOCK="32", TRITON_CTX_TUNE_SLOT_TIMEOUT="2")
     assert second.returncode == 0, second.stderr[-3000:]
     assert all(r["ok"] and r["chosen"] == {"(64, 'torch.float32')": 16} for r in _rows(tmp_path, 2))
