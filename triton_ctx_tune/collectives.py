@@ -6,6 +6,7 @@ torch.distributed is not initialized, so the single-process path has no special 
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from typing import Any, Callable, Sequence
 
@@ -96,3 +97,22 @@ class Collectives:
         if bool((rows[:, :2] == rows[0, :2]).all()):
             return rows[:, 2:], None
         return rows[:, 2:], self.all_gather_bytes(explain(), what + ": the differences")
+
+    def share_failures(self, mine: dict[int, str], n: int, what: str) -> dict[int, str]:
+        """Every rank's failed configs (indices below `n`), on every rank: ours as given, others' as "rank r: reason".
+
+        One small all-gather of flags; the reasons are gathered only when some rank has a failure,
+        which every rank learns from the same flags, so all of them take the same branch.
+        """
+        shared = dict(mine)
+        flags = torch.zeros(n, dtype=torch.int64)
+        for i in mine:
+            if 0 <= i < n:
+                flags[i] = 1
+        if not bool(self.all_gather(flags, what).amax(0).any()):
+            return shared
+        blobs = self.all_gather_bytes(json.dumps({str(i): r for i, r in mine.items()}).encode(), f"{what}: reasons")
+        for rank, blob in enumerate(blobs):
+            for i, reason in json.loads(blob).items():
+                shared.setdefault(int(i), f"rank {rank}: {reason}")
+        return shared

@@ -143,21 +143,6 @@ def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int,
     return {i: value for i, (ok, value) in results.items()}, sorted(late)
 
 
-def _share(failures: dict[int, str], n: int, comm: Collectives, what: str) -> None:
-    """Make `failures` every rank's: a config that failed on one rank is invalid on all of them."""
-    flags = torch.zeros(n, dtype=torch.int64)
-    for i in failures:
-        flags[i] = 1
-    failed_anywhere = comm.all_gather(flags, what).amax(0)
-    if bool(failed_anywhere.any()):  # the same answer on every rank, so every rank joins this gather
-        reasons = comm.all_gather_bytes("\n".join(f"{i}\t{r}" for i, r in failures.items()).encode(),
-                                        f"{what}: reasons")
-        for rank, blob in enumerate(reasons):
-            for line in filter(None, blob.decode().split("\n")):
-                i, reason = line.split("\t", 1)
-                failures.setdefault(int(i), f"rank {rank}: {reason}")
-
-
 def precompile(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,
                timeout_s: float = math.inf) -> Compiled:
     start = time.perf_counter()
@@ -165,13 +150,13 @@ def precompile(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Colle
     mine = local_share(n, comm)
     _, failures = _compile(state, mine, args, kwargs, threads, timeout_s)
     if comm.active:
-        _share(failures, n, comm, "share precompile results")
+        failures.update(comm.share_failures(failures, n, "share precompile results"))
         # The others' binaries are in the shared Triton cache now: loading them here is cheap and
         # keeps the load out of the first slot (compiled here instead when caches are not shared).
         rest = [i for i in range(n) if i not in mine and i not in failures]
         _, more = _compile(state, rest, args, kwargs, threads, timeout_s)
         # A config can fail here alone (a timeout on this rank, a binary this GPU cannot load):
         # share that too, so every rank skips the same configs from the first slot on.
-        _share(more, n, comm, "share load results")
+        more.update(comm.share_failures(more, n, "share load results"))
         failures.update(more)
     return Compiled(mine, time.perf_counter() - start, failures)

@@ -107,19 +107,8 @@ class Quarantine:
 
     def lookup(self, key_id: str, n_configs: int) -> dict[int, str]:
         """Configs of this key that any rank has quarantined, with the reason, on every rank."""
-        mine = self._mine(key_id)
-        flags = torch.zeros(n_configs, dtype=torch.int64)
-        for i in mine:
-            if 0 <= i < n_configs:
-                flags[i] = 1
-        if not bool(self.comm.all_gather(flags, "share quarantined configs").amax(0).any()):
-            return {}
-        everyone = self.comm.all_gather_bytes(json.dumps(mine).encode(), "share quarantine reasons")
-        merged: dict[int, str] = {}
-        for rank, blob in enumerate(everyone):
-            for i, reason in json.loads(blob).items():
-                merged.setdefault(int(i), f"rank {rank}: {reason}")
-        return merged
+        mine = {i: r for i, r in self._mine(key_id).items() if 0 <= i < n_configs}
+        return self.comm.share_failures(mine, n_configs, "share quarantined configs")
 
     def begin(self, key_id: str, kernel: str, key: tuple, index: int, config: str) -> None:
         """Durably note the launch about to run (survives the process dying, not the machine)."""
