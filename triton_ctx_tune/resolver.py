@@ -71,12 +71,12 @@ def _stashing_steals_a_reference() -> bool:
     replaced or its thread ends (a stashed object was freed while in use). Measured once here.
     """
     probe = _Owner()
+    _owners.append(probe)
     before = sys.getrefcount(probe)
     torch._C._stash_obj_in_tls("triton_ctx_tune.probe", probe)
     steals = sys.getrefcount(probe) == before
     if steals:
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(probe))  # the reference the entry holds
-    _owners.append(probe)
     return steals
 
 

@@ -252,20 +252,20 @@ class Session:
                 # A device fault surfaces here, as an exception from the synchronize; the record then
                 # stays, and the next run skips the config.
                 self.quarantine.end()
+            result = out
             if ok and replay:
                 at, config = state.autotuner, state.configs[slot.config]
-                ok, sample = self._try(state, slot.config, lambda: self.timer.measure(  # type: ignore[union-attr]
+                ok, out = self._try(state, slot.config, lambda: self.timer.measure(  # type: ignore[union-attr]
                     lambda a: launch_config(at, config, a, kwargs), args))
-                record.failure = None if ok else sample
             if not ok:
-                record.failure = record.failure or out
+                record.failure = out
             else:
                 state.works.add(slot.config)
                 record.ran = slot.config
-                if token is not None or replay:
-                    record.sample = sample if replay else self.timer.stop(token)
+                if slot.timed:
+                    record.sample = out if replay else self.timer.stop(token)
                     state.samples[slot.config].append(record.sample)
-                return out
+                return result
         return self._fallback(state, record, args, kwargs)
 
     def _try_launch(self, state: KeyState, index: int, args: tuple, kwargs: dict[str, Any]) -> tuple[bool, Any]:
