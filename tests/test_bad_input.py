@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = ["is_dist", "n_repeat", "n_warmup", "group", "reduce", "stat", "flush_l2", "log_dir", "quiet", "timeout_s",
            "max_executions", "cache", "cache_dir", "early_stop", "precompile", "compile_threads", "compile_timeout_s",
            "cuda_graph", "quarantine",
-           "slot_timeout_s"]
+           "slot_timeout_s", "objective"]
 
 
 def test_misspelt_keyword_names_the_closest_option_and_lists_them_all():

@@ -583,3 +583,18 @@ def test_numpy_note_only_for_the_versions_that_have_the_bug():
         assert interpreter_numpy_note(err, triton_version, numpy_version) is None
     assert interpreter_numpy_note(_interpreter_error(TypeError("unsupported operand")), "3.4.0", "2.4.6") is None
     assert interpreter_numpy_note(TypeError(NUMPY_SCALAR_ERROR), "3.4.0", "2.4.6") is None
+
+
+def test_the_fast_tuning_key_is_tritons_key_for_every_way_of_passing_arguments():
+    from triton_ctx_tune.compat import triton_key, tuning_key
+    from tests.kernels import scale_copy
+
+    at = autotuner(scale_copy)
+    src, dst = torch.ones(8, device=DEVICE), torch.ones(8, device=DEVICE, dtype=torch.float16)
+    launches = [((src, dst, 8, 2.0), {"grid": None, "warmup": False}),
+                ((src, dst), {"n": 8, "scale": 2.0}),  # parameters by name: Triton's own path
+                ((src,), {"dst_ptr": dst, "n": 8, "scale": 2.0}),
+                ((src, dst, 8), {"scale": 2.0, "num_warps": 4})]
+    keys = [tuning_key(at, args, kwargs) for args, kwargs in launches]
+    assert keys == [triton_key(at, args, kwargs) for args, kwargs in launches]
+    assert keys[0] == (8, "torch.float32", "torch.float16")

@@ -22,16 +22,17 @@ def _gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def run_ranks(world: int, scenarios: list[str], out: Path, deadline_s: float = DEADLINE_S) -> dict[str, list[dict]]:
+def run_ranks(world: int, scenarios: list[str], out: Path, deadline_s: float = DEADLINE_S,
+              worker: str = "dist_worker.py", env_extra: dict[str, str] | None = None) -> dict[str, list[dict]]:
     """Start `world` ranks on the worker; a hang fails the test at the deadline instead of stalling CI."""
     if 0 < _gpus() < world:
         pytest.skip(f"needs {world} GPUs")
     env = dict(os.environ, PYTHONUNBUFFERED="1", TRITON_CTX_TUNE_QUIET="1", OMP_NUM_THREADS="1",
-               TRITON_CTX_TUNE_LOG_DIR=str(out / "logs"))
+               TRITON_CTX_TUNE_LOG_DIR=str(out / "logs"), **(env_extra or {}))
     if _gpus() == 0:
         env.update(TRITON_INTERPRET="1", TRITON_CTX_TUNE_BACKEND="gloo")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-           str(ROOT / "tests" / "dist_worker.py"), "--out", str(out), *scenarios]
+           str(ROOT / "tests" / worker), "--out", str(out), *scenarios]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=deadline_s)
     except subprocess.TimeoutExpired as e:

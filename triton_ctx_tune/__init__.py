@@ -9,7 +9,8 @@ from .patch import autotuner_patch  # noqa: E402
 from .resolver import carry  # noqa: E402
 from .session import CallStats  # noqa: E402
 from .tuner import ContextualAutotuner, contextual_autotune  # noqa: E402
+from .function_tuner import FunctionAutotuner, autotune  # noqa: E402
 
-__all__ = ["contextual_autotune", "ContextualAutotuner", "autotuner_patch", "carry", "CallStats", "CtxTuneError",
+__all__ = ["contextual_autotune", "ContextualAutotuner", "autotune", "FunctionAutotuner", "autotuner_patch", "carry", "CallStats", "CtxTuneError",
            "InvalidOptionError", "EmptyConfigSpaceError", "NoValidConfigError", "RankMismatchError",
            "CollectiveTimeoutError", "TuneDuringCaptureError", "UnattributedLaunchWarning", "__version__"]

@@ -61,7 +61,7 @@ class Call:
                 if key is not None and _stream_capturing():
                     raise TuneDuringCaptureError(self.function, kernel_name(at), key)
                 session = Session(self.function, self.opts)
-                session.begin_step()
+                session.begin_step(midway=True)
                 self.session = session
         return self.session
 

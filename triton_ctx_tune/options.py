@@ -13,6 +13,7 @@ from .logs import DEFAULT_LOG_DIR
 
 REDUCTIONS = ("max", "mean")
 STATISTICS = ("median", "mean", "min")
+OBJECTIVES = ("per_launch", "end_to_end")
 
 
 def _env_float(name: str, default: float) -> float:
@@ -136,6 +137,11 @@ class TuneOptions:
     # stderr and ends its process (exit code 124), and the config is quarantined. Needs quarantine.
     # None: TRITON_CTX_TUNE_SLOT_TIMEOUT or 600.
     slot_timeout_s: float | None = None
+    # How a kernel's configs are compared: "per_launch" times each launch alone (CUDA events around
+    # it); "end_to_end" times whole executions of the function, one key varying per step while the
+    # others run their best so far, so that kernels overlapped on different streams are judged
+    # together, contention included. Costs one execution per slot instead of one launch.
+    objective: str = "per_launch"
 
     def __post_init__(self) -> None:
         for name in ("n_repeat", "n_warmup", "max_executions"):
@@ -154,6 +160,8 @@ class TuneOptions:
         if self.cuda_graph and not _has_cuda_graphs():
             raise InvalidOptionError("cuda_graph", True, "False here: graph replays need a CUDA GPU, and kernels "
                                      "under TRITON_INTERPRET=1 run on the host")
+        if self.objective not in OBJECTIVES:
+            raise InvalidOptionError("objective", self.objective, " or ".join(map(repr, OBJECTIVES)))
         if not isinstance(self.is_dist, bool):
             raise InvalidOptionError("is_dist", self.is_dist, "True or False")
         if self.reduce not in REDUCTIONS:

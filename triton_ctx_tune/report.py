@@ -58,12 +58,30 @@ class CallReport:
 
 
 @dataclass
+class PointReport:
+    """A function-level decision (autotune()): every point's end-to-end time and the winner."""
+    function: str
+    points: list[dict[str, Any]]
+    winner: int
+    ms: list[float | None]  # reduced end-to-end statistic per point; None: failed or screened out
+    per_rank: list[list[float | None]]  # [rank][point]
+    margin: float | None
+    screened_out: list[int]
+    failures: dict[str, str]
+    kernels: list[dict[str, Any]]
+    world: int = 1
+    stat: str = "median"
+    reduce: str = "max"
+
+
+@dataclass
 class Report:
     log_dir: Path
     ranks: list[int]
     calls: dict[str, CallReport]
     keys: dict[tuple[str, str], KeyReport]
     problems: list[str]
+    functions: dict[str, PointReport] = field(default_factory=dict)
 
 
 def _finite(x: Any) -> float | None:
@@ -99,7 +117,8 @@ def read_events(log_dir: Path) -> tuple[dict[int, list[dict[str, Any]]], list[st
 
 
 def _from_decision(e: dict[str, Any], function: str | None) -> KeyReport:
-    r = KeyReport(e["kernel"], repr(tuple(e["key"])), function, "tuned", list(e["configs"]), int(e["winner"]))
+    where = "" if e.get("point") is None else f" under point#{e['point']}"  # autotune(): one per point
+    r = KeyReport(e["kernel"], repr(tuple(e["key"])) + where, function, "tuned", list(e["configs"]), int(e["winner"]))
     r.ms = [_finite(x) for x in e["reduced"]]
     r.q20 = [_finite(x) for x in e.get("reduced_q20", [])]
     r.q80 = [_finite(x) for x in e.get("reduced_q80", [])]
@@ -150,6 +169,7 @@ def build(log_dir: Path) -> Report:
     ranks = list(events)
     calls: dict[str, CallReport] = {}
     keys: dict[tuple[str, str], KeyReport] = {}
+    functions: dict[str, PointReport] = {}
     # The lowest rank present tells the story (its cache-hit events carry the entries); the other
     # ranks add their own failure reasons, which only they know.
     primary = ranks[0]
@@ -168,7 +188,13 @@ def build(log_dir: Path) -> Report:
                 c.wall_s += float(e.get("wall_s", 0.0))
                 if e.get("error"):
                     c.errors.append(str(e["error"]))
-            elif kind in ("decision", "cache-hit", "error"):
+            elif kind == "point-decision":
+                functions[e["function"]] = PointReport(
+                    e["function"], list(e["points"]), int(e["winner"]), [_finite(x) for x in e["reduced"]],
+                    [[_finite(x) for x in row] for row in e.get("per_rank", [])], _finite(e.get("margin")),
+                    list(e.get("screened_out", [])), dict(e.get("failures", {})), list(e.get("kernels", [])),
+                    int(e.get("world", 1)), str(e.get("stat", "median")), str(e.get("reduce", "max")))
+            elif kind in ("decision", "cache-hit", "error") and "kernel" in e:
                 if kind == "decision":
                     r = _from_decision(e, function)
                 elif kind == "cache-hit":
@@ -197,7 +223,7 @@ def build(log_dir: Path) -> Report:
             failed = [rank for rank, row in enumerate(r.per_rank) if j < len(row) and row[j] is None]
             if failed and j not in r.failures:
                 r.failures[j] = {f"ranks {failed}": "no time (its rank's log has no reason)"}
-    return Report(log_dir, ranks, calls, keys, problems)
+    return Report(log_dir, ranks, calls, keys, problems, functions)
 
 
 # ---- text -------------------------------------------------------------------------------------
@@ -272,6 +298,24 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
     return lines
 
 
+def format_points(f: PointReport) -> list[str]:
+    """The function-level table: point, end-to-end time, per-rank spread, winner and margin."""
+    margin = "" if f.margin is None else f", {f.margin * 100:.1f}% ahead of the runner-up"
+    out = [f"{f.function}: function-level space, winner point#{f.winner} {f.points[f.winner]}{margin} "
+           f"(end to end, {f.stat}, {f.reduce} over {f.world} ranks)",
+           f"  {'':2}{'#':>3}  {'point':<40} {'end-to-end ms':>14} {'per-rank spread':>22}  note"]
+    for j, point in enumerate(f.points):
+        times = [row[j] for row in f.per_rank if j < len(row) and row[j] is not None]
+        spread = f"{min(times):.4f}..{max(times):.4f}" if times else "-"
+        note = ("FAILED " + f.failures[str(j)] if str(j) in f.failures else
+                "screened out" if j in f.screened_out else "")
+        mark = "*" if j == f.winner else " "
+        out.append(f"  {mark:2}{j:>3}  {str(point):<40} {_ms(f.ms[j]) if j < len(f.ms) else '-':>14} {spread:>22}  {note}")
+    for k in f.kernels:
+        out.append(f"     under the winner: {k['kernel']} key={tuple(k['key'])!r} -> {{{k['config']}}}")
+    return out
+
+
 def format_report(report: Report) -> str:
     out = [f"triton_ctx_tune report: {report.log_dir} (ranks {', '.join(map(str, report.ranks))})", ""]
     if report.calls:
@@ -280,7 +324,10 @@ def format_report(report: Report) -> str:
             out.append(f"  {c.function:<40} {c.calls:>5} {c.executions:>10} {c.wall_s:>8.2f} {c.world:>5}  "
                        f"{c.device}/{c.timer}" + (f"  ({len(c.errors)} stopped by an error)" if c.errors else ""))
         out.append("")
-    if not report.keys:
+    for f in report.functions.values():
+        out.extend(format_points(f))
+        out.append("")
+    if not report.keys and not report.functions:
         out.append("No key was tuned or read from the cache in these logs.")
     for r in report.keys.values():
         out.extend(format_key(r))

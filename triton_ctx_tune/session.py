@@ -21,8 +21,8 @@ import torch
 
 from .cache import Lookup, TuningCache, entry_id, identity, resolve_dir
 from .collectives import Collectives
-from .compat import (Autotuner, compile_only, config_failure_reason, config_str, kernel_name, launch_config, notify_listener,
-                     prune_configs, reset_before_final_launch, tuning_key)
+from .compat import (Autotuner, compile_only, config_failure_reason, config_str, kernel_name, launch_cached, launch_config,
+                     notify_listener, prune_configs, reset_before_final_launch, tuning_key)
 from .errors import CtxTuneError, EmptyConfigSpaceError, NoValidConfigError, RankMismatchError
 from .logs import RankLog, fmt_ms
 from .options import TuneOptions
@@ -30,7 +30,8 @@ from .patch import original_run
 from .progress import Progress, steps_left
 from .quarantine import Quarantine
 from .precompile import default_threads, precompile
-from .state import KeyState, Slot, SlotRecord, pick_winner, screen
+from .search import Assignment, PointTunable, Search
+from .state import KeyState, Slot, SlotRecord, Tunable, pick_winner, screen
 from .timing import CudaEventTimer, CudaGraphTimer, HostTimer, make_timer
 
 
@@ -42,6 +43,7 @@ class TunedKey:
     ms: float
     configs: int
     failed: int
+    point: int | None = None  # the function-level point it was tuned under
 
 
 @dataclass
@@ -52,17 +54,31 @@ class CallStats:
     wall_s: float = 0.0
     tuned: list[TunedKey] = field(default_factory=list)
     cache_hits: int = 0  # keys whose winner came from the persistent cache
+    point: dict[str, Any] | None = None  # the function-level point the call ran with (autotune())
 
 
 class Session:
-    def __init__(self, function: str, opts: TuneOptions) -> None:
+    """The executor of a tuning call: runs each step's Assignment (search.py), routes launches, decides.
+
+    `points` is a function-level space (autotune()); `pins` are kernel winners already known
+    for the point that runs (a function-cache hit), installed as the launches meet them.
+    """
+
+    def __init__(self, function: str, opts: TuneOptions, points: PointTunable | None = None,
+                 pins: dict[tuple[str, str], tuple[int, list[str]]] | None = None) -> None:
         self.function = function
         self.opts = opts
+        self.search = Search(points)
+        self.pins = pins or {}
+        self.installed: list[tuple[Autotuner, tuple, Any]] = []  # pinned kernel winners (see pins)
+        self.assignment = Assignment()
+        self.final = False  # this step is meant to be the final run: known configs launch for real
         self.misses: dict[int, Lookup] = {}  # id(state) -> its cache miss, stored once the state is decided
         self._slot_marks: dict[int, int] = {}
-        self.states: dict[tuple[int, tuple], KeyState] = {}
         self.new_states: list[KeyState] = []
+        self.launched: set[int] = set()  # ids of the states launched in this step
         self.tuning_launches = 0
+        self.on_point_decided: Callable[[Session, Any], None] | None = None
         self.stats = CallStats(function)
         self._started = time.perf_counter()
         self._logged_header = False
@@ -141,20 +157,27 @@ class Session:
             # Compile-only: Triton's own run would "benchmark" launches that do nothing.
             configs = [at.cache[key]] if key in at.cache else prune_configs(at, args, kwargs)
             return compile_only(at, configs, args, kwargs)
-        state = self.states.get((id(at), key))
+        point = self.assignment.point
+        state = self.search.kernel(point, at, key)
         if state is None:
-            if key in at.cache:
-                return run(at, *args, **kwargs)
+            # Under a function-level space every key is tuned in the context of its point, so
+            # neither Autotuner.cache nor the per-kernel cache (tuned without that context) answers.
+            if key in at.cache and point is None:
+                return self._known(at, at.cache[key], args, kwargs)
             configs = prune_configs(at, args, kwargs)
             if not configs:
                 raise EmptyConfigSpaceError(kernel_name(at), key)
             if len(configs) == 1:
                 at.cache[key] = configs[0]  # as Triton does: one config needs no measuring
                 return run(at, *args, **kwargs)
-            lookup = self.cache.lookup(at, key, configs) if self.cache is not None else None
+            pinned = self._pinned(at, key, configs)
+            if pinned is not None:
+                return self._known(at, pinned, args, kwargs)
+            in_space = self.search.points is not None
+            lookup = self.cache.lookup(at, key, configs) if self.cache is not None and not in_space else None
             if lookup is not None and lookup.hit:
                 self._cache_hit(at, key, configs, lookup)
-                return run(at, *args, **kwargs)
+                return self._known(at, at.cache[key], args, kwargs)
             if lookup is not None and lookup.stale is not None:  # rank 0: say why an entry of this key was not used
                 self._ensure_header()
                 line, fields = lookup.stale.describe(kernel_name(at), key)
@@ -163,13 +186,45 @@ class Session:
             state = self._new_state(at, key, configs, args, kwargs, lookup.id if lookup is not None else None)
             if lookup is not None:
                 self.misses[id(state)] = lookup
+        self.launched.add(id(state))
         if state.decided:
-            if state.reset_pending:
+            best = state.configs[state.winner]  # type: ignore[index]
+            if state.reset_pending and self.final:
                 state.reset_pending = False
-                reset_before_final_launch(at, at.cache[key], args, kwargs)
-            return run(at, *args, **kwargs)
+                reset_before_final_launch(at, best, args, kwargs)
+            return self._known(at, best, args, kwargs)
+        if state.settled or state.end_to_end:
+            # Timed end to end, or held after screening: every launch in this step runs the
+            # step's config for this key, untimed; the step's wall time is the measurement.
+            a = self.assignment
+            index = a.config if a.measured is state and a.config is not None else state.step_config()
+            if index in state.failures:
+                index = state.step_config()
+            record = SlotRecord(None, None)
+            ok, out = self._try_launch(state, index, args, kwargs)
+            if ok:
+                state.works.add(index)
+                return out
+            return self._fallback(state, record, args, kwargs)
         self.tuning_launches += 1
         return self._run_slot(state, args, kwargs)
+
+    def _known(self, at: Autotuner, config: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """A launch whose config is settled: for real in the final run. In a tuning step it runs like a
+        slot (restore_value and reset_to_zero applied), so re-executions never compound in-place effects."""
+        if self.final:
+            return launch_cached(at, config, args, kwargs)
+        return launch_config(at, config, args, kwargs)
+
+    def _pinned(self, at: Autotuner, key: tuple, configs: list) -> Any:
+        """The winner a function-cache hit names for this kernel and key, installed in Autotuner.cache."""
+        pin = self.pins.get((kernel_name(at), repr(key)))
+        if pin is None or pin[1] != [config_str(c) for c in configs]:
+            return None
+        best = configs[pin[0]]
+        at.cache[key] = best
+        self.installed.append((at, key, best))
+        return best
 
     def _ensure_header(self) -> None:
         if not self._logged_header:
@@ -197,9 +252,10 @@ class Session:
     def _new_state(self, at: Autotuner, key: tuple, configs: list, args: tuple, kwargs: dict[str, Any],
                    key_id: str | None) -> KeyState:
         self._ensure_header()
-        state = KeyState(at, key, configs, self.opts.n_warmup, self.opts.n_repeat, kernel_name(at),
-                         early_stop=self.early_stop)
-        self.states[(id(at), key)] = state
+        state = KeyState(autotuner=at, key=key, configs=configs, n_warmup=self.opts.n_warmup,
+                         n_repeat=self.opts.n_repeat, kernel=kernel_name(at), early_stop=self.early_stop,
+                         point=self.assignment.point, end_to_end=self.opts.objective == "end_to_end")
+        self.search.add(state)
         self.new_states.append(state)
         if self.quarantine is not None:
             state.key_id = key_id or entry_id(identity(at, key, configs, self.comm.world, self.opts.reduce,
@@ -294,56 +350,139 @@ class Session:
 
     # ---- steps --------------------------------------------------------------------------------
 
-    def begin_step(self) -> None:
+    def begin_step(self, midway: bool = False) -> Assignment:
+        """Plan the next step; `midway`: the execution in progress became the first step (call.py)."""
+        self.final = self.search.finished and not midway
         self.tuning_launches = 0
         self.new_states = []
-        self._slot_marks = {id(s): s.next_slot for s in self.states.values() if not s.decided}
+        self.launched = set()
+        self._slot_marks = {id(s): s.next_slot for s in self.search.kernels.values() if not s.decided}
+        self.assignment = self.search.assignment()
+        return self.assignment
 
-    def end_step(self) -> bool:
+    def run_step(self, execute: Callable[[dict[str, Any]], Any]) -> tuple[bool, Any]:
+        """Run one more step: (whether it was the final run, its result).
+
+        `execute(kwargs)` runs the function with the point's keyword arguments. A step measured end
+        to end is timed around the whole execution on the current stream. While a space is being
+        searched, an exception from the function is that point's failure, not the call's.
+        """
+        a = self.begin_step()
+        token = self.timer.start(flush=True) if a.measured is not None and a.timed else None
+        pts = self.search.points
+        try:
+            result = execute(a.kwargs)
+        except Exception as e:
+            if a.point is None or pts is None or pts.decided:
+                raise
+            return self.end_step(failure=f"{type(e).__name__}: {e}"), None
+        sample = self.timer.stop(token) if token is not None else None
+        return self.end_step(sample), result
+
+    def finish(self, execute: Callable[[dict[str, Any]], Any]) -> Any:
+        """Run steps until the final run; its result."""
+        while True:
+            final, result = self.run_step(execute)
+            if final:
+                return result
+
+    def end_step(self, sample: Callable[[], float] | None = None, failure: str | None = None) -> bool:
         """Close one execution; True when it ran every kernel with its final config."""
         self.stats.executions += 1
-        pending = [s for s in self.states.values() if not s.decided]
-        if self.tuning_launches == 0:
-            if pending:
-                s = pending[0]
-                raise CtxTuneError(
-                    f"kernel {s.kernel} key {s.key!r} was launched in an earlier execution of {self.function} "
-                    "but not in the last one, so its tuning cannot finish. A tuned function must launch the "
-                    "same kernels with the same keys every time it runs within one call; move data-dependent "
-                    "launches out of it.")
+        a = self.assignment
+        if failure is None:
+            for s in self.search.of_point(a.point):
+                if not s.settled and not s.end_to_end and id(s) not in self.launched:
+                    raise CtxTuneError(
+                        f"kernel {s.kernel} key {s.key!r} was launched in an earlier execution of {self.function} "
+                        "but not in the last one, so its tuning cannot finish. A tuned function must launch the "
+                        "same kernels with the same keys every time it runs within one call; move data-dependent "
+                        "launches out of it.")
+        clean = self.tuning_launches == 0 and not self.new_states
+        if failure is None and clean and self.search.finished:
             return True
         if self.stats.executions >= self.opts.max_executions:
             raise CtxTuneError(
                 f"{self.function} ran {self.stats.executions} times without finishing its tuning "
                 f"(max_executions={self.opts.max_executions}); it probably launches new keys on every "
                 "execution (a shape that changes each time). Make its shapes fixed within one call.")
-        finishing = [s for s in pending if s.exhausted]
-        self._check_agreement(finishing)
+        failures = self._check_agreement(failure)
         self.timer.sync()
+        if failures:
+            self._point_failed(a, failures)
+            return False
+        if a.measured is not None and clean:
+            self._take_step_sample(a, sample)
+        if self.search.points is not None and a.point is not None:
+            self.search.points.seen.add(a.point)
         self._log_slots()
+        finishing = self.search.finishing()
         if finishing:
             self.progress.clear()  # the decisions print summary lines
             self._decide(finishing)
-        if all(s.decided for s in self.states.values()):
-            for s in self.states.values():
+        if self.search.finished:
+            for s in self.search.kernels.values():
                 s.reset_pending = True  # the next execution is the final one
         left = steps_left((s.total_slots - s.next_slot, s.next_slot - self._slot_marks.get(id(s), 0))
-                          for s in self.states.values() if not s.decided)
+                          for s in self.search.kernels.values() if not s.settled and not s.end_to_end)
         self.progress.update(self.stats.executions, self.stats.executions + left)
         return False
 
-    def _check_agreement(self, finishing: list[KeyState]) -> None:
-        if not self.comm.active:
+    def _take_step_sample(self, a: Assignment, sample: Callable[[], float] | None) -> None:
+        m = a.measured
+        assert m is not None
+        slot = m.take_slot()
+        if slot is None:
             return
+        ok = slot.config not in m.failures
+        ms = sample() if ok and slot.timed and sample is not None else None
+        if ok:
+            m.works.add(slot.config)
+            if ms is not None:
+                m.samples[slot.config].append(lambda: ms)
+        what = (f"point#{slot.config} {a.kwargs}" if isinstance(m, PointTunable)
+                else f"kernel={m.kernel} key={m.key!r} config#{slot.config}")  # type: ignore[attr-defined]
+        result = f"FAILED {m.failures[slot.config]}" if not ok else fmt_ms(ms) if slot.timed else "-"
+        self.log.write("step", f"step {self.stats.executions} end-to-end {what} iter={slot.iteration} "
+                       f"{'timed' if slot.timed else 'warmup'} {result}",
+                       step=self.stats.executions, point=a.point, config_index=slot.config,
+                       kind="point" if isinstance(m, PointTunable) else "kernel", iteration=slot.iteration,
+                       timed=slot.timed, ms=ms, failure=m.failures.get(slot.config))
+
+    def _point_failed(self, a: Assignment, failures: dict[int, str]) -> None:
+        pts = self.search.points
+        assert pts is not None and a.point is not None
+        reason = "; ".join(f"rank {r}: {m}" for r, m in sorted(failures.items()))
+        pts.fail(a.point, reason)
+        self.search.abandon(a.point)
+        self._ensure_header()
+        self.log.write("point-failed", f"point#{a.point} {a.kwargs} failed: {reason}", point=a.point,
+                       kwargs=_plain_point(a.kwargs), failures={str(r): m for r, m in failures.items()})
+        self.progress.clear()
+        self.log.summary(f"{self.function}: point {a.kwargs} failed, skipped on every rank ({reason})")
+        if len(pts.failures) == len(pts.configs):
+            raise NoValidConfigError(self.function, ("function-level space",),
+                                     {repr(p): [pts.failures[i]] for i, p in enumerate(pts.configs)})
+
+    def _check_agreement(self, failure: str | None) -> dict[int, str]:
+        """Ranks agree on what the step tuned; returns every rank's failure of the step ({} when none failed)."""
+        a = self.assignment
         mine = {"new": [s.describe() for s in self.new_states], "launches": self.tuning_launches,
-                "finishing": [s.describe() for s in finishing]}
+                "measured": None if a.measured is None else [a.measured.describe(), a.config], "failed": failure}
+        if not self.comm.active:
+            return {} if failure is None else {0: failure}
         blob = json.dumps(mine, sort_keys=True).encode()
-        _, differing = self.comm.agree(blob, "agree on what to tune", lambda: blob)
+        flags, differing = self.comm.agree(blob, "agree on what to tune", lambda: blob, payload=(int(failure is not None),))
+        if bool(flags.any()):
+            # A step that failed on some rank is void on all of them: its launches need not match.
+            views = [json.loads(b) for b in differing] if differing is not None else [mine] * self.comm.world
+            return {r: v["failed"] for r, v in enumerate(views) if v["failed"] is not None}
         if differing is not None:
             raise RankMismatchError(_describe_mismatch([json.loads(b) for b in differing]))
+        return {}
 
     def _log_slots(self) -> None:
-        for state in self.states.values():
+        for state in self.search.kernels.values():
             for r in state.records:
                 r.ms = r.sample() if r.sample is not None else None
                 slot = r.slot or Slot(-1, -1, False)
@@ -361,7 +500,7 @@ class Session:
                                timed=slot.timed, ms=r.ms, failure=r.failure, ran=r.ran)
             state.records.clear()
 
-    def _decide(self, finishing: list[KeyState]) -> None:
+    def _decide(self, finishing: list[Tunable]) -> None:
         width = max(len(s.configs) for s in finishing)
         local = torch.full((len(finishing), width, 3), math.inf, dtype=torch.float64)
         for i, s in enumerate(finishing):
@@ -382,19 +521,69 @@ class Session:
         for i, s in enumerate(finishing):
             if not bool(keep[i].any()):
                 self._raise_no_valid_config(finishing, i)
+        hold = self.search.hold_screened_kernels()
         for i, s in enumerate(finishing):
             kept = keep[i, : len(s.configs)].nonzero().flatten().tolist()
             times = reduced[i, : len(s.configs)]
-            if s.screening and len(kept) > 1:
-                s.keep(kept)
-                self.log.write("screen", f"screen kernel={s.kernel} key={s.key!r} kept {len(kept)}/{len(s.configs)} "
-                               f"configs within {self.early_stop:g}x of the best: {kept}", kernel=s.kernel,
-                               key=list(s.key), kept=kept, factor=self.early_stop, reduced=times[:, 0].tolist())
+            if isinstance(s, PointTunable):
+                if s.screening:
+                    # Even a single survivor gets its kernels' full tuning, then its timed steps.
+                    s.keep(kept)
+                    for p in kept:
+                        self.search.resume_point(p)
+                    self._log_screen(s, kept, times)
+                else:
+                    self._commit_point(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
+            elif s.screening and len(kept) > 1:
+                if hold and s.point is not None:
+                    s.hold(kept, best=min(kept, key=lambda j: float(times[j, 0])))
+                else:
+                    s.keep(kept)
+                self._log_screen(s, kept, times)
             else:
                 if s.screening:  # one survivor: it has won
                     s.dropped = set(range(len(s.configs))) - set(kept)
                     s.screening = False
                 self._commit(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
+
+    def _log_screen(self, s: Tunable, kept: list[int], times: torch.Tensor) -> None:
+        what = _subject(s)
+        held = " (held until its point survives)" if s.held is not None else ""
+        self.log.write("screen", f"screen {what} kept {len(kept)}/{len(s.configs)} "
+                       f"configs within {self.early_stop:g}x of the best: {kept}{held}", **_subject_fields(s),
+                       kept=kept, factor=self.early_stop, reduced=times[:, 0].tolist(), held=s.held is not None)
+
+    def _commit_point(self, pts: PointTunable, winner: int, reduced: torch.Tensor, per_rank: torch.Tensor) -> None:
+        pts.winner = winner
+        pts.tuning_s = time.perf_counter() - pts.started
+        kernels = self.search.of_point(winner)
+        for s in kernels:
+            if s.decided:  # other points may have put their own winners of the same key there
+                s.autotuner.cache[s.key] = s.configs[s.winner]  # type: ignore[index]
+            elif s.held is not None:
+                s.resume()
+        self.stats.point = dict(pts.configs[winner])
+        times = reduced[:, 0].tolist()
+        finite = sorted(t for j, t in enumerate(times) if math.isfinite(t) and j != winner)
+        margin = finite[0] / times[winner] - 1 if finite and times[winner] > 0 else None
+        how = f"{self.opts.reduce} over {self.comm.world} ranks" if self.comm.world > 1 else "1 rank"
+        self.log.write("point-decision", f"point-decision function={self.function} winner=point#{winner} "
+                       f"{pts.configs[winner]} {fmt_ms(times[winner])} end to end ({self.opts.stat}, {how}); "
+                       f"reduced=[{', '.join(f'{t:.4f}' for t in times)}]",
+                       function=self.function, winner=winner, points=[_plain_point(p) for p in pts.configs],
+                       reduced=times, reduced_q20=reduced[:, 1].tolist(), reduced_q80=reduced[:, 2].tolist(),
+                       per_rank=per_rank.tolist(), margin=margin, screened_out=sorted(pts.dropped),
+                       failures={str(k): v for k, v in pts.failures.items()},
+                       kernels=[{"kernel": s.kernel, "key": list(s.key), "winner": s.winner,
+                                 "config": None if s.winner is None else config_str(s.configs[s.winner])}
+                                for s in kernels],
+                       reduce=self.opts.reduce, stat=self.opts.stat, world=self.comm.world,
+                       executions=self.stats.executions, tuning_s=pts.tuning_s)
+        self.log.summary(f"{self.function}: point {pts.configs[winner]} -> {fmt_ms(times[winner])} end to end "
+                         f"({len(pts.configs)} points, {len(pts.failures)} failed, {len(pts.dropped)} screened out, "
+                         f"{how}, {pts.tuning_s:.2f} s)")
+        if self.on_point_decided is not None:
+            self.on_point_decided(self, {"winner": winner, "reduced": reduced.tolist(), "per_rank": per_rank.tolist()})
 
     def _commit(self, s: KeyState, winner: int, reduced: torch.Tensor, per_rank: torch.Tensor) -> None:
         at = s.autotuner
@@ -408,11 +597,12 @@ class Session:
         notify_listener(at, s.key, best, at.configs_timings, s.tuning_s)
         ms = float(reduced[winner, 0])
         failed = sum(1 for t in reduced[:, 0].tolist() if not math.isfinite(t))
-        self.stats.tuned.append(TunedKey(s.kernel, s.key, config_str(best), ms, len(s.configs), failed))
+        self.stats.tuned.append(TunedKey(s.kernel, s.key, config_str(best), ms, len(s.configs), failed, s.point))
         how = f"{self.opts.reduce} over {self.comm.world} ranks" if self.comm.world > 1 else "1 rank"
         self.log.write("decision", f"decision kernel={s.kernel} key={s.key!r} winner=config#{winner} {{{config_str(best)}}} "
                        f"{fmt_ms(ms)} ({self.opts.stat}, {how}); reduced=[{', '.join(f'{t:.4f}' for t in reduced[:, 0].tolist())}]",
-                       kernel=s.kernel, key=list(s.key), winner=winner, winner_config=config_str(best),
+                       kernel=s.kernel, key=list(s.key), point=s.point, end_to_end=s.end_to_end,
+                       winner=winner, winner_config=config_str(best),
                        configs=[config_str(c) for c in s.configs], reduced=reduced[:, 0].tolist(),
                        reduced_q20=reduced[:, 1].tolist(), reduced_q80=reduced[:, 2].tolist(),
                        per_rank=per_rank.tolist(), local_failures={str(k): v for k, v in s.failures.items()},
@@ -431,7 +621,7 @@ class Session:
                 self.log.write("cache-store", f"cache-store kernel={s.kernel} key={s.key!r} -> {path}",
                                kernel=s.kernel, key=list(s.key), path=str(path), id=lookup.id)
 
-    def _raise_no_valid_config(self, finishing: list[KeyState], i: int) -> None:
+    def _raise_no_valid_config(self, finishing: list[Tunable], i: int) -> None:
         # Every rank reaches this with the same broadcast winners, so the extra gather is safe.
         mine = {str(i): {str(c): r for c, r in s.failures.items()} for i, s in enumerate(finishing)}
         everyone = [json.loads(b) for b in self.comm.all_gather_bytes(json.dumps(mine).encode(), "share failures")]
@@ -439,10 +629,28 @@ class Session:
         failures: dict[str, list[str]] = {}
         for j, config in enumerate(s.configs):
             reasons = [f"rank {r}: {e[str(i)][str(j)]}" for r, e in enumerate(everyone) if str(j) in e[str(i)]]
-            failures[config_str(config)] = reasons or ["no failure recorded, but no finite time either"]
-        self.log.write("error", f"no valid config for kernel={s.kernel} key={s.key!r}", kernel=s.kernel,
-                       key=list(s.key), failures=failures)
-        raise NoValidConfigError(s.kernel, s.key, failures)
+            text = config_str(config) if isinstance(s, KeyState) else repr(config)
+            failures[text] = reasons or ["no failure recorded, but no finite time either"]
+        self.log.write("error", f"no valid config for {_subject(s)}", **_subject_fields(s), failures=failures)
+        if isinstance(s, KeyState):
+            raise NoValidConfigError(s.kernel, s.key, failures)
+        raise NoValidConfigError(self.function, ("function-level space",), failures)
+
+
+def _plain_point(point: dict[str, Any]) -> dict[str, Any]:
+    return {str(k): v if isinstance(v, (bool, int, float, str, type(None))) else repr(v) for k, v in point.items()}
+
+
+def _subject(s: Tunable) -> str:
+    if isinstance(s, KeyState):
+        return f"kernel={s.kernel} key={s.key!r}" + ("" if s.point is None else f" point#{s.point}")
+    return f"function={s.function}" if isinstance(s, PointTunable) else repr(s)
+
+
+def _subject_fields(s: Tunable) -> dict[str, Any]:
+    if isinstance(s, KeyState):
+        return {"kernel": s.kernel, "key": list(s.key), "point": s.point}
+    return {"function": getattr(s, "function", None), "kind": "point"}
 
 
 def _describe_mismatch(everyone: list[dict[str, Any]]) -> str:

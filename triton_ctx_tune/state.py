@@ -1,4 +1,4 @@
-"""Per-(Autotuner, key) tuning state and its slot schedule.
+"""Tunables and their slot schedule: a kernel key (KeyState) here, a function's space in search.py.
 
 Without early stopping a state owns `len(configs) * (n_warmup + n_repeat)` slots: config 0's
 warm-up slots, then its timed slots, then config 1's, and so on. With early stopping it first
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from .compat import Autotuner, Config, config_str
 
@@ -36,14 +36,17 @@ class SlotRecord:
     ms: float | None = None
 
 
-@dataclass
-class KeyState:
-    autotuner: Autotuner
-    key: tuple
-    configs: list[Config]
+@dataclass(kw_only=True)
+class Tunable:
+    """A tuning choice with a slot plan: a kernel key (KeyState) or a function's space (search.PointTunable).
+
+    A slot is one measurement of one config: one launch for a kernel timed per launch, one whole
+    execution for anything timed end to end. The plan, screening and statistics are the same for
+    every kind; what a config *is*, and where a winner goes, is each kind's own.
+    """
+    configs: list[Any]
     n_warmup: int
     n_repeat: int
-    kernel: str
     samples: list[list[Callable[[], float]]] = field(default_factory=list)
     failures: dict[int, str] = field(default_factory=dict)
     works: set[int] = field(default_factory=set)
@@ -55,10 +58,13 @@ class KeyState:
     dropped: set[int] = field(default_factory=set)
     precompiled: bool = False
     winner: int | None = None
-    reset_pending: bool = False  # the final run's first launch zeroes reset_to_zero args, as Triton's does
     started: float = field(default_factory=time.perf_counter)
-    key_id: str = ""  # the cache identity's id: what quarantine records name
     tuning_s: float = 0.0
+    # Held after screening (a kernel of a function-level point that may yet be dropped): the
+    # survivors wait here, and the screening's best runs meanwhile, until resume() or the end.
+    held: list[int] | None = None
+    provisional: int | None = None
+
 
     def __post_init__(self) -> None:
         self.samples = [[] for _ in self.configs]
@@ -90,6 +96,14 @@ class KeyState:
     def decided(self) -> bool:
         return self.winner is not None
 
+    @property
+    def settled(self) -> bool:
+        """Decided, or held after screening: its launches run one known config and take no slot."""
+        return self.winner is not None or self.held is not None
+
+    def peek(self) -> Slot | None:
+        return None if self.exhausted else self.plan[self.next_slot]
+
     def take_slot(self) -> Slot | None:
         if self.exhausted:
             return None
@@ -104,6 +118,17 @@ class KeyState:
         warmups = 0 if self.precompiled else max(self.n_warmup - 1, 0)
         self._extend(survivors, warmups, self.n_repeat - 1, interleave=True)
 
+    def hold(self, survivors: list[int], best: int) -> None:
+        """End the screening pass, but plan nothing more until resume(): `best` runs meanwhile."""
+        self.screening = False
+        self.dropped = set(range(len(self.configs))) - set(survivors)
+        self.held, self.provisional = survivors, best
+
+    def resume(self) -> None:
+        survivors, self.held, self.provisional = self.held, None, None
+        if survivors is not None:
+            self.keep(survivors)
+
     def fail(self, config: int, reason: str) -> None:
         self.failures.setdefault(config, reason)
         self.works.discard(config)
@@ -114,8 +139,8 @@ class KeyState:
         return usable[0] if usable else None
 
     def describe(self) -> str:
-        """What ranks must agree on before tuning: kernel, key and the pruned configs in order."""
-        return f"{self.kernel} key={self.key!r} configs=[{'; '.join(config_str(c) for c in self.configs)}]"
+        """What ranks must agree on before tuning."""
+        raise NotImplementedError
 
     def local_stats(self, stat: str) -> list[tuple[float, float, float]]:
         """Per config (statistic, 20th, 80th percentile) in ms; +inf for failed or unmeasured."""
@@ -127,6 +152,33 @@ class KeyState:
             else:
                 out.append(summarize(values, stat))
         return out
+
+
+@dataclass(kw_only=True)
+class KeyState(Tunable):
+    """One (Autotuner, key): its configs are triton.Configs, its winner goes into Autotuner.cache."""
+    autotuner: Autotuner
+    key: tuple
+    kernel: str
+    configs: list[Config]
+    reset_pending: bool = False  # the final run's first launch zeroes reset_to_zero args, as Triton's does
+    key_id: str = ""  # the cache identity's id: what quarantine records name
+    point: int | None = None  # the function-level point it is tuned under (None: no space)
+    end_to_end: bool = False  # judged by whole executions (objective="end_to_end"), not per launch
+
+    def describe(self) -> str:
+        """What ranks must agree on before tuning: kernel, key and the pruned configs in order."""
+        where = "" if self.point is None else f" point#{self.point}"
+        return f"{self.kernel} key={self.key!r}{where} configs=[{'; '.join(config_str(c) for c in self.configs)}]"
+
+    def step_config(self) -> int:
+        """The config every launch of this key runs in a step where it is not the one measured."""
+        if self.winner is not None:
+            return self.winner
+        if self.provisional is not None:
+            return self.provisional
+        usable = [i for i in range(len(self.configs)) if i not in self.failures]
+        return usable[0] if usable else 0
 
 
 def summarize(values: list[float], stat: str) -> tuple[float, float, float]:

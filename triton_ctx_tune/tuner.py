@@ -56,10 +56,8 @@ class ContextualAutotuner(Generic[R]):
         try:
             result = self.fn(*args, **kwargs)
             session = call.session
-            if session is not None:  # a key was not tuned: the call became a tuning call
-                while not session.end_step():
-                    session.begin_step()
-                    result = self.fn(*args, **kwargs)
+            if session is not None and not session.end_step():  # a key was not tuned: a tuning call
+                result = session.finish(lambda point: self.fn(*args, **kwargs))
         except BaseException as e:
             if isinstance(e, Exception):
                 explain_error(e)  # adds a note naming the fix for known environment problems

@@ -1,0 +1,106 @@
+"""One rank of the function-level multi-process tests, started by torchrun (see test_function_dist.py).
+
+Each scenario writes its outcome to OUT/SCENARIO.rank{r}.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.dist_worker import init_group  # noqa: E402
+from tests.kernels import DEVICE, double_, grid, spend  # noqa: E402
+from triton_ctx_tune import autotune  # noqa: E402
+
+SPACE = [{"chunks": 1}, {"chunks": 2}, {"chunks": 4}]
+
+
+def _op(cost: Callable[[int], float], calls: list[int], fail: Callable[[int], bool] = lambda c: False,
+        collective: bool = True, **options: Any) -> Any:
+    @autotune(config_space=SPACE, key_fn=lambda x: x.numel(), n_warmup=1, n_repeat=2, early_stop=False, **options)
+    def op(x: torch.Tensor, *, chunks: int) -> torch.Tensor:
+        calls.append(chunks)
+        y = x.clone()  # re-executed once per step: it works on its own copy
+        n = y.numel() // chunks
+        for c in range(chunks):
+            double_[grid(n)](y[c * n:(c + 1) * n], n)
+        if fail(chunks):
+            raise RuntimeError(f"chunks={chunks} cannot run on rank {dist.get_rank()}")
+        if collective:
+            dist.all_reduce(y)  # the function's own collective stays in step on every rank
+        spend(cost(chunks))
+        return y
+
+    return op
+
+
+def _outcome(op: Any, out: torch.Tensor, calls: list[int]) -> dict[str, Any]:
+    stats = op.last_call
+    return {"point": stats.point, "executions": stats.executions, "calls": calls, "cache_hits": stats.cache_hits,
+            "kernels": sorted([t.kernel, list(t.key), t.config, t.point] for t in stats.tuned),
+            "out": out[:4].tolist()}
+
+
+def consensus() -> dict[str, Any]:
+    """Rank 0 prefers chunks=1, rank 1 chunks=2; MAX over ranks makes chunks=4 the best of all."""
+    per_rank = {0: {1: 10.0, 2: 30.0, 4: 20.0}, 1: {1: 30.0, 2: 10.0, 4: 20.0}}
+    calls: list[int] = []
+    op = _op(lambda c: per_rank[dist.get_rank() % 2][c], calls, cache=False)
+    out = op(torch.ones(64, device=DEVICE))
+    return _outcome(op, out, calls)
+
+
+def fails_on_rank1() -> dict[str, Any]:
+    """chunks=2 is fastest but raises on rank 1: every rank skips it and takes chunks=4.
+
+    It raises after its kernels' launches and the function has no collective of its own: ranks
+    meet at the step's end. A rank that raises before a collective that the others enter leaves
+    them waiting in it (README, "Function-level spaces").
+    """
+    calls: list[int] = []
+    op = _op(lambda c: {1: 30.0, 2: 10.0, 4: 20.0}[c], calls, fail=lambda c: c == 2 and dist.get_rank() == 1,
+             collective=False, cache=False)
+    out = op(torch.ones(64, device=DEVICE))
+    return _outcome(op, out, calls)
+
+
+def cached() -> dict[str, Any]:
+    """Run twice, in two processes, against one cache directory: the second run executes once."""
+    calls: list[int] = []
+    op = _op(lambda c: {1: 30.0, 2: 10.0, 4: 20.0}[c], calls, cache=True)
+    out = op(torch.ones(64, device=DEVICE))
+    return _outcome(op, out, calls)
+
+
+SCENARIOS = {"consensus": consensus, "fails_on_rank1": fails_on_rank1, "cached": cached}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
+    args = parser.parse_args()
+    init_group()
+    for name in args.scenarios:
+        try:
+            result = SCENARIOS[name]()
+        except Exception as e:  # noqa: BLE001 (the outcome under test)
+            result = {"error_type": type(e).__name__, "error": str(e), "traceback": traceback.format_exc()}
+        result.update(rank=dist.get_rank(), world=dist.get_world_size())
+        (Path(args.out) / f"{name}.rank{dist.get_rank()}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

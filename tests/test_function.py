@@ -1,0 +1,184 @@
+"""Function-level spaces (autotune) and the end-to-end objective, one process (multi-rank: test_function_dist.py)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+import triton
+
+from tests.kernels import DEVICE, autotuner, chosen, costly, double_, grid, screened_add_one_, spend
+from triton_ctx_tune import InvalidOptionError, autotune, contextual_autotune
+from triton_ctx_tune.report import build, format_report
+
+FAST = dict(n_warmup=1, n_repeat=2, cache=False)
+COST = {1: 30.0, 2: 10.0, 4: 20.0}  # end-to-end ms each point adds: chunks=2 wins
+
+
+def _chunked(calls: list[int], cost: dict[int, float] = COST, **options: Any) -> Any:
+    @autotune(config_space=[{"chunks": 1}, {"chunks": 2}, {"chunks": 4}], key_fn=lambda x: x.numel(), **options)
+    def op(x: torch.Tensor, *, chunks: int) -> torch.Tensor:
+        calls.append(chunks)
+        n = x.numel() // chunks
+        for c in range(chunks):
+            double_[grid(n)](x[c * n:(c + 1) * n], n)
+        spend(cost[chunks])  # after the launches: only the step's end-to-end span sees it
+        return x
+
+    return op
+
+
+def test_points_are_compared_end_to_end_with_their_kernels_tuned_in_each_point():
+    calls: list[int] = []
+    op = _chunked(calls, early_stop=False, **FAST)
+    x = torch.ones(64, device=DEVICE)
+    op(x)
+    stats = op.last_call
+    assert stats.point == {"chunks": 2}
+    # Each point's own key (64, 32 and 16 elements per launch) was tuned in that point's context.
+    assert sorted((t.key[0], t.point, t.config.split(",")[0]) for t in stats.tuned) == [
+        (16, 2, "BLOCK=32"), (32, 1, "BLOCK=32"), (64, 0, "BLOCK=32")]
+    # Per point: 3 configs x 3 slots of its key, one launch per chunk, then 3 end-to-end steps
+    # (1 warm-up + 2 timed); the final run is chunks=2.
+    assert calls.count(1) == 9 + 3 and calls.count(2) == 9 // 2 + 1 + 3 + 1 and calls.count(4) == 3 + 3
+    assert stats.executions == len(calls)
+    x = torch.ones(64, device=DEVICE)
+    out = op(x)  # warm: the point and its kernels are remembered for this key
+    assert op.last_call.executions == 1 and op.last_call.point == {"chunks": 2}
+    assert torch.equal(out, torch.full((64,), 2.0, device=DEVICE))
+
+
+def test_points_that_lose_the_screening_never_finish_their_kernels_tuning(tmp_path):
+    calls: list[int] = []
+
+    @autotune(config_space=[{"chunks": 1}, {"chunks": 2}, {"chunks": 4}], n_warmup=1, n_repeat=3, cache=False,
+              early_stop=1.5)
+    def op(x: torch.Tensor, *, chunks: int) -> torch.Tensor:
+        calls.append(chunks)
+        n = x.numel() // chunks
+        for c in range(chunks):
+            screened_add_one_[grid(n)](x[c * n:(c + 1) * n], n)  # BLOCK 16 and 32 survive its screening
+        spend(COST[chunks] * 10)
+        return x
+
+    op(torch.ones(64, device=DEVICE))
+    assert op.last_call.point == {"chunks": 2}
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    screens = [e for e in events if e["event"] == "screen" and e.get("kind") == "point"]
+    assert len(screens) == 1 and screens[0]["kept"] == [1]  # 300 and 200 ms are beyond 1.5 x 100 ms
+    # Every point's kernel was screened and held at its best; only the surviving point's finished.
+    held = [(e["point"], e["kept"]) for e in events if e["event"] == "screen" and e.get("held")]
+    assert held == [(0, [0, 1]), (1, [0, 1]), (2, [0, 1])]
+    assert [e["point"] for e in events if e["event"] == "decision"] == [1]
+    decision = next(e for e in events if e["event"] == "point-decision")
+    assert decision["winner"] == 1 and decision["points"] == [{"chunks": 1}, {"chunks": 2}, {"chunks": 4}]
+    assert decision["margin"] > 0.5 and decision["screened_out"] == [0, 2]
+    text = format_report(build(tmp_path / "logs"))
+    assert "winner point#1 {'chunks': 2}" in text and "screened out" in text
+    assert "under point#1" in text and "under the winner: add_one_ key=(32, 'torch.float32') -> {BLOCK=16" in text
+
+
+def test_key_fn_separates_tunings_and_prune_fn_drops_points_before_they_run():
+    calls: list[int] = []
+
+    @autotune(config_space=[{"chunks": 1}, {"chunks": 2}, {"chunks": 4}], key_fn=lambda x: x.numel(),
+              prune_fn=lambda point, x: x.numel() // point["chunks"] >= 32, early_stop=False, **FAST)
+    def op(x: torch.Tensor, *, chunks: int) -> torch.Tensor:
+        calls.append(chunks)
+        n = x.numel() // chunks
+        for c in range(chunks):
+            double_[grid(n)](x[c * n:(c + 1) * n], n)
+        spend(COST[chunks])
+        return x
+
+    op(torch.ones(64, device=DEVICE))
+    assert set(calls) == {1, 2} and op.last_call.point == {"chunks": 2}  # chunks=4 leaves 16 < 32: pruned
+    calls.clear()
+    op(torch.ones(32, device=DEVICE))  # another key: tuned on its own; only chunks=1 keeps 32 per chunk
+    assert set(calls) == {1} and op.last_call.point == {"chunks": 1} and op.last_call.executions > 1
+    calls.clear()
+    op(torch.ones(64, device=DEVICE))
+    assert calls == [2] and op.last_call.executions == 1
+
+
+def test_autotune_false_runs_the_first_point_once():
+    calls: list[int] = []
+    op = _chunked(calls, **FAST)
+    autotuner(double_).cache[(64, "torch.float32")] = autotuner(double_).configs[1]
+    out = op(torch.ones(64, device=DEVICE), autotune=False)
+    assert calls == [1] and op.last_call.executions == 1 and op.last_call.point == {"chunks": 1}
+    assert torch.equal(out, torch.full((64,), 2.0, device=DEVICE))
+
+
+def test_a_point_that_raises_is_skipped_and_the_rest_decide():
+    calls: list[int] = []
+
+    @autotune(config_space=[{"chunks": 1}, {"chunks": 2}, {"chunks": 4}], early_stop=False, **FAST)
+    def op(x: torch.Tensor, *, chunks: int) -> torch.Tensor:
+        calls.append(chunks)
+        if chunks == 2:
+            raise ValueError("chunks=2 is not supported for this shape")
+        double_[grid(x.numel())](x, x.numel())
+        spend(COST[chunks])
+        return x
+
+    op(torch.ones(64, device=DEVICE))
+    assert op.last_call.point == {"chunks": 4} and calls.count(2) == 1
+
+
+def test_bad_spaces_and_clashing_arguments_are_named():
+    with pytest.raises(InvalidOptionError, match="list of dicts"):
+        autotune(config_space=[1, 2])(lambda x, chunks: x)
+    with pytest.raises(InvalidOptionError, match="config_space"):
+        autotune(config_space=[])(lambda x, chunks: x)
+    op = autotune(config_space=[{"chunks": 1}], **FAST)(lambda x, chunks: x)
+    with pytest.raises(InvalidOptionError, match="autotune_allow_arg_overwrite"):
+        op(torch.ones(4), chunks=2)
+    assert op(torch.ones(4), chunks=2, autotune_allow_arg_overwrite=True).shape == (4,)
+    pruned_away = autotune(config_space=[{"chunks": 1}], prune_fn=lambda p, x: False, **FAST)(lambda x, chunks: x)
+    with pytest.raises(InvalidOptionError, match="prune_fn"):
+        pruned_away(torch.ones(4))
+
+
+# ---- the end-to-end objective for kernel configs ------------------------------------------------
+
+_contended = {"on": False}
+
+
+def _sets_contention(block: int, cost: float) -> triton.Config:
+    def hook(nargs: dict[str, Any]) -> None:
+        _contended["on"] = block == 64  # fast alone, but it slows down the kernel that runs next
+        costly(lambda a: cost)(nargs)
+    return triton.Config({"BLOCK": block}, num_warps=4, pre_hook=hook)
+
+
+def _suffers(nargs: dict[str, Any]) -> None:
+    spend(50.0 if _contended["on"] else 0.0)
+
+
+first = triton.autotune(configs=[_sets_contention(32, 10.0), _sets_contention(64, 0.0)], key=["n"],
+                        restore_value=["x_ptr"])(
+    autotuner(double_).fn)
+second = triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=4, pre_hook=_suffers) for b in (32, 64)],
+                         key=["n"], restore_value=["x_ptr"])(autotuner(double_).fn)
+
+
+def _two_kernels(x: torch.Tensor) -> torch.Tensor:
+    first[grid(x.numel())](x, x.numel())
+    second[grid(x.numel())](x, x.numel())
+    return x
+
+
+@pytest.mark.parametrize("objective, block", [("per_launch", 64), ("end_to_end", 32)])
+def test_end_to_end_objective_judges_a_kernel_by_what_it_does_to_the_others(objective, block):
+    first.cache.clear()
+    second.cache.clear()
+    tuned = contextual_autotune(objective=objective, early_stop=False, **FAST)(_two_kernels)
+    out = tuned(torch.ones(64, device=DEVICE))
+    # Alone, BLOCK=64 of the first kernel is 10 ms faster; it costs the second kernel 50 ms.
+    assert chosen(first) == {(64, "torch.float32"): block}
+    assert torch.equal(out, torch.full((64,), 4.0, device=DEVICE))
+    if objective == "end_to_end":
+        # Discovery, then per key 2 configs x 3 slots, one step each, then the final run.
+        assert tuned.last_call.executions == 1 + 2 * 6 + 1

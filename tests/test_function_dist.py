@@ -1,0 +1,43 @@
+"""Function-level spaces over real torchrun ranks (gloo on the CPU, NCCL on GPUs), each run with a deadline."""
+from __future__ import annotations
+
+import pytest
+
+from tests.test_dist import run_ranks
+
+pytestmark = pytest.mark.dist
+
+
+def _same_on_every_rank(rows: list[dict], *fields: str) -> None:
+    for row in rows:
+        assert "error" not in row, row.get("traceback")
+    for f in fields:
+        assert all(row[f] == rows[0][f] for row in rows), [row[f] for row in rows]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_rank_takes_the_max_consensus_point_and_a_point_failing_on_one_rank_is_skipped(world, tmp_path):
+    results = run_ranks(world, ["consensus", "fails_on_rank1"], tmp_path, worker="function_worker.py")
+    rows = results["consensus"]
+    _same_on_every_rank(rows, "point", "executions", "kernels", "out")
+    # Alone, rank 0 would take chunks=1 and rank 1 chunks=2; their MAX makes chunks=4 the fastest.
+    assert rows[0]["point"] == {"chunks": 4}
+    assert sorted(k[3] for k in rows[0]["kernels"]) == [0, 1, 2]  # each point's key was tuned in its context
+    assert rows[0]["out"] == [2.0 * world] * 4  # doubled, then summed over the ranks
+    rows = results["fails_on_rank1"]
+    _same_on_every_rank(rows, "point", "executions", "out")
+    assert rows[0]["point"] == {"chunks": 4} and rows[0]["out"] == [2.0] * 4
+    # The failing point ran once on every rank; then no rank ran it again.
+    assert all(row["calls"].count(2) == 1 for row in rows)
+
+
+def test_a_second_process_serves_the_point_and_its_kernels_from_the_cache(tmp_path):
+    env = {"TRITON_CTX_TUNE_CACHE_DIR": str(tmp_path / "cache")}
+    first = run_ranks(2, ["cached"], tmp_path / "a", worker="function_worker.py", env_extra=env)["cached"]
+    _same_on_every_rank(first, "point", "executions")
+    assert first[0]["point"] == {"chunks": 2} and first[0]["executions"] > 1
+    second = run_ranks(2, ["cached"], tmp_path / "b", worker="function_worker.py", env_extra=env)["cached"]
+    _same_on_every_rank(second, "point", "executions", "out")
+    assert second[0]["point"] == {"chunks": 2} and second[0]["executions"] == 1 and second[0]["calls"] == [2]
+    assert second[0]["cache_hits"] == 1 and second[0]["kernels"] == []
+    assert second[0]["out"] == first[0]["out"] == [4.0] * 4  # doubled, then summed over 2 ranks

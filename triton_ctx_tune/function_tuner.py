@@ -1,0 +1,228 @@
+"""autotune(config_space, key_fn, prune_fn): Triton-distributed's function-level tuner, on our engine.
+
+The function takes a point of the space as keyword arguments (chunk counts, SM splits, stream
+layouts: knobs that are not triton.Configs). For each point, the @triton.autotune kernels it
+launches are tuned in context, as contextual_autotune does, because their keys and best configs
+may depend on the point; points are compared on the end-to-end time of whole executions (MAX
+over ranks), screened with the same early stopping as kernel configs (search.py). Rank 0's
+decision, the point and every kernel's config under it, reaches every rank, the persistent
+cache (function_cache.py), the logs and `report`.
+
+A drop-in rather than an extension of contextual_autotune: code written for Triton-distributed
+keeps its decorator and its per-call switches (autotune, autotune_verbose, autotune_pg,
+autotune_allow_arg_overwrite) unchanged, and a function without a space stays as cheap as it is.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Iterable, TypeVar
+
+import torch
+
+from . import function_cache, patch, resolver
+from .call import Call
+from .compat import Autotuner, config_str, explain_error
+from .errors import InvalidOptionError
+from .options import TuneOptions
+from .search import PointTunable
+from .session import CallStats, Session
+
+R = TypeVar("R")
+Space = Iterable[dict[str, Any]] | Callable[..., Iterable[dict[str, Any]]]
+
+
+@dataclass
+class Winner:
+    point: dict[str, Any]
+    installs: list[tuple[Autotuner, tuple, Any]]  # the kernels' winners under the point, for Autotuner.cache
+
+
+class FunctionAutotuner(Generic[R]):
+    """A function tuned over a space of keyword arguments, jointly with the kernels it launches."""
+
+    def __init__(self, fn: Callable[..., R], config_space: Space, key_fn: Callable[..., Any] | None,
+                 prune_fn: Callable[..., bool] | None, opts: TuneOptions, is_dist: bool | None) -> None:
+        functools.update_wrapper(self, fn)
+        if not callable(config_space):
+            config_space = _check_points(config_space, "config_space")
+            if not config_space:
+                raise InvalidOptionError("config_space", config_space, "a non-empty list of dicts of keyword arguments")
+        for name, f in (("key_fn", key_fn), ("prune_fn", prune_fn)):
+            if f is not None and not callable(f):
+                raise InvalidOptionError(name, f, "a callable taking the function's arguments, or None")
+        self.fn = fn
+        self.config_space = config_space
+        self.key_fn = key_fn
+        self.prune_fn = prune_fn
+        self.opts = opts
+        self.is_dist = is_dist
+        self.name: str = getattr(fn, "__qualname__", repr(fn))
+        self.best: dict[Any, Winner] = {}
+        self._last: Call | None = None
+        self._last_point: dict[str, Any] | None = None
+        self._eager_call = torch.compiler.disable(self._call, recursive=True)
+
+    @property
+    def last_call(self) -> CallStats | None:
+        """What the last call did: executions, the point, the kernels tuned, wall time."""
+        if self._last is None:
+            return None
+        stats = self._last.stats
+        if stats.point is None and self._last_point is not None:
+            stats.point = dict(self._last_point)
+        return stats
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        return self if instance is None else functools.partial(self, instance)
+
+    def __call__(self, *args: Any, autotune: bool = True, autotune_verbose: bool = False,
+                 autotune_allow_arg_overwrite: bool = False, autotune_pg: Any = None, **kwargs: Any) -> R:
+        if torch.compiler.is_compiling():
+            return self._eager_call(args, kwargs, autotune, autotune_verbose, autotune_allow_arg_overwrite, autotune_pg)
+        return self._call(args, kwargs, autotune, autotune_verbose, autotune_allow_arg_overwrite, autotune_pg)
+
+    def space(self, args: tuple, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+        """The points for these arguments: config_space (called if it is a callable), then prune_fn."""
+        space = self.config_space
+        if callable(space):
+            takes_args = bool(inspect.signature(space).parameters)
+            space = _check_points(space(*args, **kwargs) if takes_args else space(), "config_space()")
+        if self.prune_fn is not None:
+            space = [p for p in space if self.prune_fn(p, *args, **kwargs)]
+        if not space:
+            raise InvalidOptionError("config_space", "[] after prune_fn",
+                                     "a space that keeps at least one point for these arguments (check prune_fn)")
+        return list(space)
+
+    def _call(self, args: tuple, kwargs: dict[str, Any], autotune: bool, verbose: bool, allow_overwrite: bool,
+              pg: Any) -> R:
+        points = self.space(args, kwargs)
+        clash = set(kwargs) & set().union(*points)
+        if clash and not allow_overwrite:
+            raise InvalidOptionError("keyword arguments", sorted(clash),
+                                     "names that are not in config_space (or autotune_allow_arg_overwrite=True, "
+                                     "which lets the caller's value win)")
+        if resolver.current() is not None:  # inside another tuning call: run as part of it
+            return self.fn(*args, **{**points[0], **kwargs})
+        opts = self._options(verbose, pg)
+        key = self.key_fn(*args, **kwargs) if self.key_fn is not None else None
+        if not autotune:
+            return self._run(opts, args, kwargs, points[0], None)
+        winner = self.best.get(key)
+        if winner is not None:
+            for at, k, config in winner.installs:  # other keys of this function may share a kernel key
+                at.cache[k] = config
+            return self._run(opts, args, kwargs, winner.point, None)
+        return self._run(opts, args, kwargs, None, (key, points))
+
+    def _options(self, verbose: bool, pg: Any) -> TuneOptions:
+        changes: dict[str, Any] = {}
+        if pg is not None:
+            changes.update(group=pg, is_dist=True)
+        elif self.is_dist is None:
+            changes["is_dist"] = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if verbose:
+            changes["quiet"] = False
+        return dataclasses.replace(self.opts, **changes) if changes else self.opts
+
+    def _run(self, opts: TuneOptions, args: tuple, kwargs: dict[str, Any], point: dict[str, Any] | None,
+             tune: tuple[Any, list[dict[str, Any]]] | None) -> R:
+        if not patch.resident:
+            patch.make_resident()
+        call = Call(self.name, opts)
+        self._last = call
+        lookup = None
+        if tune is not None:
+            key, points = tune
+            session = Session(self.name, opts, PointTunable(configs=points, n_warmup=opts.n_warmup,
+                                                            n_repeat=opts.n_repeat, function=self.name,
+                                                            early_stop=opts.resolved_early_stop()))
+            lookup = function_cache.lookup(opts.resolved_cache_dir(), function_cache.function_identity(
+                self.fn, self.name, key, points, session.comm.world, opts.objective, opts.reduce, opts.stat),
+                session.comm, opts.resolved_retune())
+            if lookup.hit:
+                assert lookup.entry is not None and session.search.points is not None
+                winner = int(lookup.entry["winner"]["index"])
+                session.search.points.winner = winner
+                session.pins = lookup.pins()
+                session.stats.cache_hits += 1
+                session._ensure_header()
+                session.log.write("cache-hit", f"cache-hit function={self.name} key={key!r} winner=point#{winner} "
+                                  f"{points[winner]} from {lookup.path}", function=self.name, key=repr(key),
+                                  winner=winner, path=str(lookup.path), entry=lookup.entry)
+                session.log.summary(f"{self.name}: point {points[winner]} (from the tuning cache, tuned "
+                                    f"{lookup.entry['tuned']['date']})")
+            session.on_point_decided = functools.partial(self._store, lookup)
+            call.session = session
+        resolver.enter(call)
+        try:
+            if call.session is not None:
+                result = call.session.finish(lambda p: self.fn(*args, **{**p, **kwargs}))
+            else:
+                result = self.fn(*args, **{**(point or {}), **kwargs})
+                session = call.session  # a kernel key was not tuned yet: the call became a tuning call
+                if session is not None and not session.end_step():
+                    result = session.finish(lambda p: self.fn(*args, **{**(point or {}), **kwargs}))
+        except BaseException as e:
+            if isinstance(e, Exception):
+                explain_error(e)
+            resolver.leave(call)
+            call.close(type(e), e)
+            raise
+        resolver.leave(call)
+        call.close()
+        if tune is not None and call.session is not None:
+            self._remember(tune[0], call.session)
+        self._last_point = point
+        return result
+
+    def _remember(self, key: Any, session: Session) -> None:
+        pts = session.search.points
+        if pts is None or pts.winner is None:
+            return
+        installs = list(session.installed)
+        for s in session.search.of_point(pts.winner):
+            if s.winner is not None:
+                installs.append((s.autotuner, s.key, s.configs[s.winner]))
+        self.best[key] = Winner(dict(pts.configs[pts.winner]), installs)
+        session.stats.point = dict(pts.configs[pts.winner])
+
+    def _store(self, lookup: function_cache.FunctionLookup, session: Session, decided: dict[str, Any]) -> None:
+        if session.opts.resolved_cache_dir() is None or lookup.hit:
+            return
+        pts = session.search.points
+        assert pts is not None and pts.winner is not None
+        kernels = [{"kernel": s.kernel, "key": repr(s.key), "configs": [config_str(c) for c in s.configs],
+                    "winner": s.winner, "config": config_str(s.configs[s.winner])}
+                   for s in session.search.of_point(pts.winner) if s.winner is not None]
+        path = function_cache.store(lookup, session.comm, decided["winner"], decided["reduced"], decided["per_rank"],
+                                    kernels, {"function": self.name, "executions": session.stats.executions,
+                                              "tuning_s": pts.tuning_s})
+        if path is not None:
+            session.log.write("cache-store", f"cache-store function={self.name} point#{decided['winner']} -> {path}",
+                              function=self.name, path=str(path))
+
+
+def _check_points(points: Any, what: str) -> list[dict[str, Any]]:
+    points = list(points) if not isinstance(points, dict) else None
+    if points is None or not all(isinstance(p, dict) and all(isinstance(k, str) for k in p) for p in points):
+        raise InvalidOptionError(what, points, "a list of dicts mapping keyword-argument names to values, "
+                                 "e.g. [{'chunks': 2}, {'chunks': 4}]")
+    return points
+
+
+def autotune(config_space: Space, key_fn: Callable[..., Any] | None = None, prune_fn: Callable[..., bool] | None = None,
+             *, is_dist: bool | None = None, **options: Any) -> Callable[[Callable[..., R]], FunctionAutotuner[R]]:
+    """Tune a function over `config_space` (points passed as keyword arguments), jointly with its kernels.
+
+    Same signature as Triton-distributed's triton_dist.tune.autotune: `key_fn(*args, **kwargs)` names
+    the tuning key, `prune_fn(point, *args, **kwargs)` keeps a point when it returns True. The calls
+    take its switches: autotune=False runs the first point, autotune_verbose=True prints decisions,
+    autotune_pg=group tunes over that group. is_dist=None: distributed when torch.distributed is
+    initialized. The other keyword options are contextual_autotune's (TuneOptions).
+    """
+    opts = TuneOptions.from_kwargs(is_dist=bool(is_dist), **options)
+    return lambda fn: FunctionAutotuner(fn, config_space, key_fn, prune_fn, opts, is_dist)

@@ -1,0 +1,126 @@
+"""The step-level plan of a tuning call: what each execution runs, and what it measures.
+
+A tuning call executes the function once per *step*. The Search owns the call's tunables:
+kernel keys (state.KeyState), met as the function launches them, and a function-level space
+(PointTunable), known up front. Before each step it hands the executor (session.Session) an
+Assignment: the point the function runs with, the end-to-end tunable measured in this step and
+its config, and whether the step's time is a sample. A kernel key timed per launch takes its
+slots as its launches come (one slot per launch, several keys side by side); a tunable timed
+end to end takes one slot per step, and only in a step where nothing else varies, so that the
+step's time belongs to that one choice. After the step the executor hands back whether it was
+clean (no per-launch slot taken, no key met for the first time) and its time.
+
+With a space, points are screened first, each with its kernels screened in context and held
+at their screening's best, then timed end to end; the points within early_stop of the best
+survive, their kernels finish tuning, and the survivors are timed round-robin. A point that
+loses the screening never pays for its kernels' full tuning.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .state import KeyState, Tunable
+
+
+@dataclass(kw_only=True)
+class PointTunable(Tunable):
+    """A function-level space: each config is a dict of keyword arguments for the function."""
+    function: str
+    configs: list[dict[str, Any]]
+    seen: set[int] = field(default_factory=set)  # points that have run once (their kernels are known)
+
+    def describe(self) -> str:
+        return f"{self.function} points={self.configs!r}"
+
+
+@dataclass
+class Assignment:
+    """What one step runs: the function's point, and which end-to-end tunable it measures with which config."""
+    point: int | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    measured: Tunable | None = None
+    config: int | None = None
+    timed: bool = False  # a timed slot of `measured` (else a warm-up slot, or nothing measured)
+
+
+class Search:
+    def __init__(self, points: PointTunable | None = None) -> None:
+        self.points = points
+        self.kernels: dict[tuple[int | None, int, tuple], KeyState] = {}
+        self.abandoned: set[int] = set()  # points that failed: their kernels are never met again
+
+    def kernel(self, point: int | None, at: Any, key: tuple) -> KeyState | None:
+        return self.kernels.get((point, id(at), key))
+
+    def add(self, state: KeyState) -> None:
+        self.kernels[(state.point, id(state.autotuner), state.key)] = state
+
+    def of_point(self, point: int | None) -> list[KeyState]:
+        return [s for s in self.kernels.values() if s.point == point]
+
+    @property
+    def finished(self) -> bool:
+        """Every tunable that the final run needs is decided: the next step is that run.
+
+        Kernels of points that lost may stay held at their screening's best: nothing runs them again.
+        """
+        pts = self.points
+        if pts is not None and not pts.decided:
+            return False
+        final = None if pts is None else pts.winner
+        return all(s.decided for s in self.of_point(final))
+
+    def finishing(self) -> list[Tunable]:
+        """The tunables whose planned slots have all run: the step's end decides them."""
+        out: list[Tunable] = [s for s in self.kernels.values() if not s.settled and s.exhausted]
+        if self.points is not None and not self.points.decided and self.points.exhausted:
+            out.append(self.points)
+        return out
+
+    def hold_screened_kernels(self) -> bool:
+        """Whether a kernel that ends its screening now waits for its point to survive the points' screening."""
+        return self.points is not None and self.points.screening
+
+    def assignment(self) -> Assignment:
+        point = self._point()
+        a = Assignment(point, {} if point is None or self.points is None else dict(self.points.configs[point]))
+        mine = self.of_point(point)
+        if any(not s.end_to_end and not s.settled for s in mine):
+            return a  # kernels timed per launch are still tuning: nothing else is measured
+        e2e = next((s for s in mine if s.end_to_end and not s.settled), None)
+        if e2e is not None:
+            slot = e2e.peek()
+            if slot is not None:
+                a.measured, a.config, a.timed = e2e, slot.config, slot.timed
+            return a
+        pts = self.points
+        if pts is not None and not pts.decided and point is not None and point in pts.seen:
+            slot = pts.peek()
+            if slot is not None:
+                a.measured, a.config, a.timed = pts, slot.config, slot.timed
+        return a
+
+    def _point(self) -> int | None:
+        pts = self.points
+        if pts is None:
+            return None
+        if pts.decided:
+            return pts.winner
+        # Slots of failed points are passed over; every rank knows the same failures.
+        while (slot := pts.peek()) is not None and slot.config in pts.failures:
+            pts.take_slot()
+        slot = pts.peek()
+        return slot.config if slot is not None else pts.fallback()
+
+    def abandon(self, point: int) -> None:
+        """A point failed: drop its kernels' states, which no later step will launch."""
+        self.abandoned.add(point)
+        for k in [k for k, s in self.kernels.items() if s.point == point]:
+            del self.kernels[k]
+
+    def resume_point(self, point: int) -> None:
+        """A point survived the screening: its held kernels finish their tuning."""
+        for s in self.of_point(point):
+            if s.held is not None:
+                s.resume()
