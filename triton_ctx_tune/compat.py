@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import sys
 import textwrap
 import traceback
 from dataclasses import dataclass
@@ -373,6 +374,7 @@ class LaunchSpec:
     kwargs: dict[str, Any]
     env: dict[str, str]  # the parent's TRITON_* variables: some change the compiled code, all the cache key
     cache_dir: str
+    sys_path: tuple[str, ...]  # where the parent imports from (a script may have added its own folders)
 
 
 class _NotDescribable(Exception):
@@ -394,8 +396,6 @@ def _stand_in(value: Any) -> Any:
 
 
 def _module_attr(chain: list[Any], module_name: str) -> tuple[str, int] | None:
-    import sys
-
     module = sys.modules.get(module_name)
     if module is None or module_name in ("__main__", "__mp_main__"):
         return None  # a fresh process cannot import the parent's main script as the parent did
@@ -438,7 +438,7 @@ def describe_compile(at: Autotuner, config: Config, args: Sequence[Any], kwargs:
         return None
     env = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
     return LaunchSpec(module, where[0], where[1], fn.cache_key, described_args, described_kwargs, env,
-                      triton_cache_dir())
+                      triton_cache_dir(), tuple(sys.path))
 
 
 def compile_target() -> Any:
@@ -498,6 +498,8 @@ def compile_described(spec: LaunchSpec) -> None:
     import importlib
 
     _sync_environment(spec)
+    if tuple(sys.path) != spec.sys_path:
+        sys.path[:] = spec.sys_path
     obj = getattr(importlib.import_module(spec.module), spec.attr)
     for _ in range(spec.depth):
         obj = obj.fn

@@ -115,7 +115,8 @@ class WorkerPool:
         self._workers: list[_Worker] = []
         self._boot_failures = 0
         self._closed = False
-        self.unusable: set[str] = set()  # modules a worker could not compile from: their kernels use threads
+        # Modules a worker could not compile from (why, as the worker said it): their kernels use threads.
+        self.unusable: dict[str, str] = {}
         self.grow(size)
 
     @property
@@ -219,7 +220,7 @@ class WorkerPool:
                            "if it is just slow)", worker.pid)
         self._release(worker, replace=False)
         if kind == "error":
-            self.unusable.add(spec.module)  # it could not import or find the kernel: so for every later config
+            self.unusable.setdefault(spec.module, text)  # it could not import or find the kernel: nor will it later
             return None
         return Outcome(text if kind == "failure" else None, worker.pid)
 
@@ -302,7 +303,7 @@ def serve(requests_fd: int, replies_fd: int, parent: int) -> None:
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     try:
         use_compile_only_driver(requests.recv()["target"])
-        import torch  # noqa: F401  (kernel modules import it: pay for it before the first job)
+        import torch  # noqa: F401,PLC0415  (kernel modules import it: pay for it before the first job)
         replies.send("ready")
         while True:
             spec = requests.recv()
