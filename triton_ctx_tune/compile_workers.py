@@ -199,6 +199,9 @@ class WorkerPool:
         if spec.module in self.unusable:
             return None
         worker = self._acquire()
+        while worker is not None and worker.proc.poll() is not None:
+            self._release(worker, replace=True)  # died while idle (killed from outside): not this config's fault
+            worker = self._acquire()
         if worker is None:
             return None
         try:
