@@ -1,63 +1,96 @@
-"""Does a thread pool speed up Triton compilation? Compile the example's configs from a cold cache
-sequentially and with N threads, through the autotuner's own compile-only path (run(warmup=True)).
+"""Configs compiled per second by precompilation: threads only, then the compile worker processes.
 
-    python benchmarks/compile_probe.py --threads 16
+Compiles every config of the example's matmul and GELU kernels (examples/mlp_kernels.py) for three
+dtypes each, through the precompile path itself (precompile._compile: compile, then load onto the
+GPU), each mode on its own cold TRITON_CACHE_DIR. The workers are started and waited for before
+their timing starts; their start-up is reported apart (in a real job it overlaps the threads'
+compiles). `cubins` counts the binaries in the workers' cold cache: equal to `configs` when every
+compile of the parent found the worker's binary under its own key. Prints one JSON line.
+
+    python benchmarks/compile_probe.py [--threads N] [--workers N]
 """
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--threads", type=int, default=16)
-    args = p.parse_args()
     import torch
     import triton
 
-    from mlp_kernels import gelu_inplace_kernel, matmul_kernel
+    import mlp_kernels
+    from triton_ctx_tune import compat
+    from triton_ctx_tune.compile_workers import default_workers, get_pool
+    from triton_ctx_tune.precompile import _compile, default_threads
+    from triton_ctx_tune.state import KeyState
 
-    M, H, I = 4096, 4096, 7168
-    a = torch.empty(M, H, dtype=torch.bfloat16, device="cuda")
-    b = torch.empty(H, I, dtype=torch.bfloat16, device="cuda")
-    c = torch.empty(M, I, dtype=torch.bfloat16, device="cuda")
+    p = argparse.ArgumentParser()
+    p.add_argument("--threads", type=int, default=default_threads())
+    p.add_argument("--workers", type=int, default=default_workers())
+    args = p.parse_args()
 
-    def jobs():
-        for cfg in matmul_kernel.configs:
-            yield lambda cfg=cfg: matmul_kernel.fn.run(a, b, c, M, I, H, a.stride(0), a.stride(1), b.stride(0),
-                                                       b.stride(1), c.stride(0), c.stride(1), grid=(1,),
-                                                       warmup=True, **cfg.all_kwargs())
-        for cfg in gelu_inplace_kernel.configs:
-            yield lambda cfg=cfg: gelu_inplace_kernel.fn.run(c, c.numel(), grid=(1,), warmup=True, **cfg.all_kwargs())
+    M, N, K = 4096, 4096, 4096
+    launches = []  # (autotuner, args, kwargs)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        a = torch.empty(M, K, dtype=dtype, device="cuda")
+        b = torch.empty(K, N, dtype=dtype, device="cuda")
+        c = torch.empty(M, N, dtype=dtype, device="cuda")
+        launches.append((mlp_kernels.matmul_kernel, (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0),
+                                                     b.stride(1), c.stride(0), c.stride(1)), {"grid": (1,)}))
+        launches.append((mlp_kernels.gelu_inplace_kernel, (c, c.numel()), {"grid": (1,)}))
+    n_configs = sum(len(at.configs) for at, _, _ in launches)
 
-    for mode in ("sequential", f"threads{args.threads}", "sequential-warm"):
-        if mode != "sequential-warm":
-            os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"probe-{mode}-")
-            try:
-                triton.knobs.cache.dir = os.environ["TRITON_CACHE_DIR"]
-            except AttributeError:
-                pass
-            for k in (matmul_kernel.fn, gelu_inplace_kernel.fn):
-                for cache in getattr(k, "device_caches", {}).values():
-                    cache[0].clear()
-                getattr(k, "cache", {}).clear()
-        fns = list(jobs())
-        t = time.perf_counter()
-        if mode.startswith("threads"):
-            with ThreadPoolExecutor(args.threads) as pool:
-                list(pool.map(lambda f: f(), fns))
-        else:
-            for f in fns:
-                f()
-        print(f"{mode:16s} {len(fns)} configs {time.perf_counter() - t:7.2f} s", flush=True)
+    def cold_cache(mode: str) -> Path:
+        path = Path(tempfile.mkdtemp(prefix=f"compile-probe-{mode}-"))
+        os.environ["TRITON_CACHE_DIR"] = str(path)
+        try:
+            triton.knobs.cache.dir = str(path)
+        except AttributeError:
+            pass
+        for at in (mlp_kernels.matmul_kernel, mlp_kernels.gelu_inplace_kernel):
+            fn = compat.jit_function(at)
+            for cache in getattr(fn, "device_caches", {}).values():
+                cache[0].clear()  # this process's in-memory kernels: each mode starts cold
+        return path
+
+    def compile_all(pool) -> tuple[float, int, int]:
+        start = time.perf_counter()
+        failed = by_workers = 0
+        for at, a, kw in launches:
+            state = KeyState(at, compat.tuning_key(at, a, kw), list(at.configs), 1, 1, compat.kernel_name(at))
+            _, failures, workers = _compile(state, list(range(len(at.configs))), a, kw, args.threads, math.inf, pool)
+            failed += len(failures)
+            by_workers += len(workers)
+        return time.perf_counter() - start, failed, by_workers
+
+    cold_cache("threads")
+    threads_s, threads_failed, _ = compile_all(None)
+
+    cache = cold_cache("workers")
+    boot = time.perf_counter()
+    pool = get_pool(args.workers)
+    ready = pool.wait_ready(600)
+    boot_s = time.perf_counter() - boot
+    workers_s, workers_failed, by_workers = compile_all(pool)
+    print(json.dumps({
+        "gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "cpus": os.cpu_count(),
+        "configs": n_configs, "threads": args.threads, "workers": args.workers, "workers_ready": ready,
+        "threads_s": round(threads_s, 2), "threads_configs_per_s": round(n_configs / threads_s, 2),
+        "workers_s": round(workers_s, 2), "workers_configs_per_s": round(n_configs / workers_s, 2),
+        "worker_boot_s": round(boot_s, 2), "by_workers": by_workers,
+        "failed": {"threads": threads_failed, "workers": workers_failed},
+        "cubins": len(list(cache.glob("*/*.cubin"))), "unusable": pool.unusable}), flush=True)
 
 
 if __name__ == "__main__":

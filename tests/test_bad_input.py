@@ -15,7 +15,8 @@ from triton_ctx_tune.options import ENVIRONMENT, TuneOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = ["is_dist", "n_repeat", "n_warmup", "group", "reduce", "stat", "flush_l2", "log_dir", "quiet", "timeout_s",
-           "max_executions", "cache", "cache_dir", "early_stop", "precompile", "compile_threads", "compile_timeout_s",
+           "max_executions", "cache", "cache_dir", "early_stop", "precompile", "compile_threads",
+           "compile_workers", "compile_timeout_s",
            "cuda_graph", "quarantine",
            "slot_timeout_s", "objective"]
 
@@ -50,6 +51,8 @@ BAD_ENV = {
     "TRITON_CTX_TUNE_TIMEOUT": ("5m", "a number of seconds, e.g. 120"),
     "TRITON_CTX_TUNE_COMPILE_TIMEOUT": ("-1", "a number of seconds greater than 0"),
     "TRITON_CTX_TUNE_SLOT_TIMEOUT": ("0", "a number of seconds greater than 0"),
+    "TRITON_CTX_TUNE_COMPILE_WORKERS": ("-2", "a number of worker processes >= 0 (0: compile on threads only); "
+                                        "unset for one per core"),
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import sys
 import textwrap
 import traceback
 from dataclasses import dataclass
@@ -24,7 +25,8 @@ __all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "interpret_mode
            "prune_configs", "launch_config", "launch_cached", "compile_only", "load_binary", "reset_before_final_launch", "config_failure_reason", "kernel_name", "JitInfo", "jit_info", "jit_function",
            "inner_heuristics", "constexpr_value", "aggregate_members", "is_triton_builtin",
            "autotuner_definition", "autotuner_hooks", "explain_error", "interpreter_numpy_note",
-           "config_to_dict", "config_str", "print_autotuning", "notify_listener"]
+           "config_to_dict", "config_str", "print_autotuning", "notify_listener", "LaunchSpec", "TensorStandIn",
+           "describe_compile", "compile_target", "use_compile_only_driver", "compile_described", "triton_cache_dir"]
 
 TRITON_VERSION: str = triton.__version__
 SUPPORTED = ((3, 4), (3, 9))
@@ -357,3 +359,171 @@ def explain_error(exc: BaseException) -> None:
         exc.add_note(note)
     else:  # Python < 3.11 prints no notes
         warnings.warn(note, stacklevel=2)
+
+
+# ---- compiling in another process (compile_workers.py) -----------------------------------------
+#
+# A compile worker is a fresh Python process that never touches the GPU: it compiles for the
+# parent's target through a driver that only names that target, and Triton's own JITFunction.run
+# (warmup=True) does the rest, so the binary lands in Triton's disk cache under the very key the
+# parent's later compile-only launch computes: same JIT function (checked by its cache_key), same
+# specialization (a tensor becomes a stand-in with its dtype and 16-byte alignment, the only things
+# Triton specializes a tensor on), same options (the config's, the heuristics' values, the TRITON_*
+# environment) and same target.
+
+
+class TensorStandIn:
+    """A tensor argument as Triton's specialization sees it: a dtype and a pointer aligned to 16 bytes or not."""
+
+    def __init__(self, dtype: Any, aligned: bool) -> None:
+        self.dtype = dtype
+        self.aligned = aligned
+
+    def data_ptr(self) -> int:
+        return 0 if self.aligned else 8
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One config's compile-only launch, picklable: where its JIT function lives and what it is called with."""
+    module: str
+    attr: str  # module.attr is the autotuner, a heuristics() layer or the JIT function itself
+    depth: int  # .fn hops from module.attr down to the JIT function
+    jit_key: str  # the parent's JITFunction.cache_key: the worker must compile this very code
+    args: tuple
+    kwargs: dict[str, Any]
+    env: dict[str, str]  # the parent's TRITON_* variables: some change the compiled code, all the cache key
+    cache_dir: str
+    sys_path: tuple[str, ...]  # where the parent imports from (a script may have added its own folders)
+
+
+class _NotDescribable(Exception):
+    pass
+
+
+def _stand_in(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return TensorStandIn(value.dtype, value.data_ptr() % 16 == 0)
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, triton.language.dtype)):
+        return value
+    if isinstance(value, tuple):
+        return tuple(_stand_in(v) for v in value)
+    if isinstance(value, triton.language.constexpr):
+        return triton.language.constexpr(_stand_in(value.value))
+    raise _NotDescribable(type(value).__name__)  # a TensorDescriptor, a JIT function, a user object
+
+
+def _module_attr(chain: list[Any], module_name: str) -> tuple[str, int] | None:
+    module = sys.modules.get(module_name)
+    if module is None or module_name in ("__main__", "__mp_main__"):
+        return None  # a fresh process cannot import the parent's main script as the parent did
+    names = vars(module)
+    for depth, obj in enumerate(chain):
+        for name, value in names.items():
+            if value is obj:
+                return name, len(chain) - 1 - depth
+    return None  # built inside a function, kept in a dict: a fresh process cannot find it
+
+
+def describe_compile(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any]) -> LaunchSpec | None:
+    """compile_only(at, [config], args, kwargs) as a LaunchSpec, or None when another process cannot redo it.
+
+    heuristics() run here, as Heuristics.run would run them on that launch (warmup=True included),
+    so their values are the parent's and the worker never sees a real argument.
+    """
+    chain: list[Any] = [at]
+    while isinstance(chain[-1].fn, Heuristics):
+        chain.append(chain[-1].fn)
+    fn = chain[-1].fn
+    chain.append(fn)
+    if not isinstance(fn, triton.runtime.jit.JITFunction):
+        return None  # the interpreter's InterpretedFunction, or a wrapper this code does not know
+    module = fn.fn.__module__
+    where = _module_attr(chain, module)
+    if where is None:
+        return None
+    kw = {k: v for k, v in kwargs.items() if k != "warmup"}
+    _check_conflicts(config, kw)
+    current = {**kw, "warmup": True, **config.all_kwargs()}
+    for layer in chain[1:-1]:
+        for name, heur in layer.values.items():
+            current[name] = heur({**dict(zip(layer.arg_names, args)), **current})
+    final = {k: v for k, v in current.items() if k not in ("warmup", "grid")}
+    try:
+        described_args = tuple(_stand_in(a) for a in args)
+        described_kwargs = {k: _stand_in(v) for k, v in final.items()}
+    except _NotDescribable:
+        return None
+    env = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
+    return LaunchSpec(module, where[0], where[1], fn.cache_key, described_args, described_kwargs, env,
+                      triton_cache_dir(), tuple(sys.path))
+
+
+def compile_target() -> Any:
+    """The target the current device compiles for (a GPUTarget: backend, arch, warp size)."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_target()
+
+
+def triton_cache_dir() -> str:
+    try:
+        return str(triton.knobs.cache.dir)
+    except AttributeError:
+        return os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+
+
+class _CompileOnlyDriver:
+    """What JITFunction.run asks the driver for before it compiles, answered without a GPU."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+    def is_active(self) -> bool:
+        return True
+
+
+def use_compile_only_driver(target: Any) -> None:
+    """Make this process compile for `target` and never initialise a GPU (a compile worker only)."""
+    from triton.compiler.compiler import make_backend
+    from triton.runtime import driver
+
+    driver.set_active(_CompileOnlyDriver(target))
+    make_backend(target)  # imports the backend's compiler now, before the first job
+
+
+def _sync_environment(spec: LaunchSpec) -> None:
+    for k in [k for k in os.environ if k.startswith("TRITON_") and k not in spec.env]:
+        del os.environ[k]
+    os.environ.update(spec.env)
+    try:
+        triton.knobs.cache.dir = spec.cache_dir
+    except AttributeError:
+        os.environ["TRITON_CACHE_DIR"] = spec.cache_dir
+
+
+def compile_described(spec: LaunchSpec) -> None:
+    """In a compile worker: the compile-only launch `spec` describes (its binary lands in Triton's cache)."""
+    import importlib
+
+    _sync_environment(spec)
+    if tuple(sys.path) != spec.sys_path:
+        sys.path[:] = spec.sys_path
+    obj = getattr(importlib.import_module(spec.module), spec.attr)
+    for _ in range(spec.depth):
+        obj = obj.fn
+    if obj.cache_key != spec.jit_key:
+        raise RuntimeError(f"{spec.module}.{spec.attr}: the code imported here differs from the parent's "
+                           "(its source or globals were changed at run time)")
+    obj.run(*spec.args, grid=(1,), warmup=True, **spec.kwargs)

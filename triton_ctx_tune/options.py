@@ -81,6 +81,18 @@ def _env_early_stop() -> float | None:
     return factor
 
 
+def env_compile_workers() -> int | None:
+    """TRITON_CTX_TUNE_COMPILE_WORKERS: a count >= 0 (0: compile on threads only), or None when unset."""
+    raw = os.environ.get("TRITON_CTX_TUNE_COMPILE_WORKERS", "")
+    value = raw.strip()
+    if value == "":
+        return None
+    if not value.isdigit():
+        raise InvalidOptionError("TRITON_CTX_TUNE_COMPILE_WORKERS", raw,
+                                 "a number of worker processes >= 0 (0: compile on threads only); unset for one per core")
+    return int(value)
+
+
 # Every environment variable the package reads, with the function that reads it (tests hold the
 # README's table to this list). Paths take any text, so theirs check nothing.
 ENVIRONMENT: dict[str, Callable[[], object]] = {
@@ -93,6 +105,7 @@ ENVIRONMENT: dict[str, Callable[[], object]] = {
     "TRITON_CTX_TUNE_TIMEOUT": lambda: _env_float("TRITON_CTX_TUNE_TIMEOUT", DEFAULT_TIMEOUT_S),
     "TRITON_CTX_TUNE_COMPILE_TIMEOUT": lambda: _env_float("TRITON_CTX_TUNE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S),
     "TRITON_CTX_TUNE_SLOT_TIMEOUT": lambda: _env_float("TRITON_CTX_TUNE_SLOT_TIMEOUT", DEFAULT_SLOT_TIMEOUT_S),
+    "TRITON_CTX_TUNE_COMPILE_WORKERS": env_compile_workers,
     "TRITON_CTX_TUNE_LOG_DIR": lambda: None,
     "TRITON_CTX_TUNE_CACHE_DIR": lambda: None,
 }
@@ -123,6 +136,10 @@ class TuneOptions:
     early_stop: float | bool | None = None  # None: TRITON_CTX_TUNE_EARLY_STOP or 1.5; False: off
     precompile: bool | None = None  # None: TRITON_CTX_TUNE_PRECOMPILE, on unless it is 0
     compile_threads: int | None = None  # None: cores / local ranks, at most 32
+    # Compile worker processes of this rank (compile_workers.py): started once, at the first precompilation,
+    # and kept for every later key, they compile in parallel where threads hold the GIL. 0: threads only.
+    # None: TRITON_CTX_TUNE_COMPILE_WORKERS, else the cores this rank may use / local ranks, at most 32.
+    compile_workers: int | None = None
     # Seconds one config may spend compiling during precompilation; a config that takes longer is
     # invalid on every rank and its compile is abandoned (a compiler that hangs on one config must
     # not hang the job). None: TRITON_CTX_TUNE_COMPILE_TIMEOUT or 600; math.inf: no limit.
@@ -180,6 +197,10 @@ class TuneOptions:
         if self.compile_threads is not None and (isinstance(self.compile_threads, bool)
                                                  or not isinstance(self.compile_threads, int) or self.compile_threads < 1):
             raise InvalidOptionError("compile_threads", self.compile_threads, "an int >= 1, or None for the default")
+        if self.compile_workers is not None and (isinstance(self.compile_workers, bool)
+                                                 or not isinstance(self.compile_workers, int) or self.compile_workers < 0):
+            raise InvalidOptionError("compile_workers", self.compile_workers,
+                                     "an int >= 0 (0: compile on threads only), or None for the default")
         if self.compile_timeout_s is not None and (isinstance(self.compile_timeout_s, bool) or not isinstance(
                 self.compile_timeout_s, (int, float)) or not self.compile_timeout_s > 0):
             raise InvalidOptionError("compile_timeout_s", self.compile_timeout_s,
@@ -215,6 +236,16 @@ class TuneOptions:
         if self.compile_timeout_s is not None:
             return float(self.compile_timeout_s)
         return _env_float("TRITON_CTX_TUNE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S)
+
+    def resolved_compile_workers(self) -> int:
+        """How many compile worker processes this rank uses (0: threads only; none under the interpreter)."""
+        from .compat import interpret_mode
+        from .compile_workers import default_workers
+
+        if interpret_mode():
+            return 0  # nothing is compiled there
+        n = env_compile_workers() if self.compile_workers is None else self.compile_workers
+        return default_workers() if n is None else n
 
     def resolved_cache_dir(self) -> Path | None:
         """Where tuned results persist, or None when the cache is off."""

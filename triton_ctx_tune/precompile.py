@@ -2,15 +2,20 @@
 
 Triton compiles one config per launch, inside the re-executed function: on a cold cache that
 is over 90% of tuning time, and compile stalls between timed slots let the GPU clocks drop.
-Here a thread pool compiles all configs at once through Triton's own compile-only path
-(`run(warmup=True)`), so binaries land in Triton's cache and the slots' launches hit it. Ranks
-on one node split the configs (config i goes to local rank i % local_world) and meet in one
-bounded all-gather, after which each loads the others' binaries from the shared Triton cache;
-a second all-gather shares what failed in that load.
+Here all configs are compiled at once, so binaries land in Triton's cache and the slots'
+launches hit it. Triton's front end holds the GIL, so the compiling is done by this rank's
+compile worker processes (compile_workers.py), one config each at a time; a thread per worker
+hands it the config and then runs Triton's own compile-only path (`run(warmup=True)`) here, a
+cache hit by then. Threads compile themselves where no worker can: none has started yet, the
+kernel cannot be imported in a fresh process, compile_workers=0, or the interpreter. Ranks on
+one node split the configs (config i goes to local rank i % local_world) and meet in one bounded
+all-gather, after which each loads the others' binaries from the shared Triton cache; a second
+all-gather shares what failed in that load.
 
 A config whose compilation runs past compile_timeout_s is a failure like a compile error: its
-worker is abandoned (left to finish on its own, never waited for) and the gathers make the
-config invalid on every rank.
+worker process is killed (a thread that compiles itself is abandoned: left to finish on its own,
+never waited for), and so is one whose worker crashes; the gathers make the config invalid on
+every rank.
 """
 from __future__ import annotations
 
@@ -24,8 +29,13 @@ from typing import Any, Callable, TypeVar
 import torch
 
 from .collectives import Collectives
-from .compat import compile_only, config_failure_reason, load_binary
+from .compat import compile_only, config_failure_reason, describe_compile, load_binary
+from .compile_workers import WorkerPool, get_pool
 from .state import KeyState
+
+# A thread that hands its config to a worker waits this much longer than compile_timeout_s, so that
+# a compile that hangs in the worker is ended by the worker's own limit, which kills it.
+WORKER_GRACE_S = 10.0
 
 
 @dataclass
@@ -33,6 +43,7 @@ class Compiled:
     mine: list[int]  # config indices this rank compiled
     seconds: float
     failures: dict[int, str] = field(default_factory=dict)  # config index -> reason (any rank's)
+    by_workers: list[int] = field(default_factory=list)  # config indices a worker process compiled
 
 
 def local_share(n_configs: int, comm: Collectives) -> list[int]:
@@ -49,14 +60,22 @@ def default_threads() -> int:
     return max(1, min(32, (os.cpu_count() or 1) // max(local_world, 1)))
 
 
-def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any],
-             threads: int, timeout_s: float) -> tuple[dict[int, Any], dict[int, str]]:
+def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
+             timeout_s: float, pool: WorkerPool | None = None) -> tuple[dict[int, Any], dict[int, str], list[int]]:
     device = torch.cuda.current_device() if torch.cuda.is_available() else None
+    by_workers: list[int] = []
 
     def one(i: int) -> tuple[Any, str | None]:
         if device is not None:
             torch.cuda.set_device(device)  # Triton picks the target from this thread's current device
         try:
+            if pool is not None and pool.ready():
+                spec = describe_compile(state.autotuner, state.configs[i], args, kwargs)
+                outcome = None if spec is None else pool.compile(spec, timeout_s)
+                if outcome is not None:
+                    if outcome.failure is not None:
+                        return None, outcome.failure  # never compiled here: it may hang or crash this process
+                    by_workers.append(i)
             return compile_only(state.autotuner, [state.configs[i]], args, kwargs)[0], None
         except Exception as e:
             reason = config_failure_reason(e)
@@ -64,10 +83,12 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
                 raise
             return None, reason
 
+    if pool is not None:
+        threads = max(threads, pool.size)  # one thread per worker keeps every worker busy
     if math.isinf(timeout_s) and (threads <= 1 or len(indices) <= 1):
         results = {i: one(i) for i in indices}  # nothing to bound: no thread needed
     else:
-        done, late = run_with_deadline(indices, one, threads, timeout_s)
+        done, late = run_with_deadline(indices, one, threads, timeout_s + (WORKER_GRACE_S if pool else 0.0))
         results = {i: r for i, r in done.items()}
         for i in late:
             results[i] = (None, f"compile timeout: compiling this config took longer than {timeout_s:g} s, so it was "
@@ -82,7 +103,7 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
             if reason is None:
                 raise
             failures[i] = reason
-    return kernels, failures
+    return kernels, failures, sorted(i for i in by_workers if i in kernels)
 
 
 T = TypeVar("T")
@@ -143,20 +164,30 @@ def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int,
     return {i: value for i, (ok, value) in results.items()}, sorted(late)
 
 
+def _pool(workers: int) -> WorkerPool | None:
+    if workers <= 0:
+        return None
+    try:
+        return get_pool(workers)
+    except (RuntimeError, OSError):
+        return None  # no GPU driver to name the target, no process to start: the threads compile
+
+
 def precompile(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,
-               timeout_s: float = math.inf) -> Compiled:
+               timeout_s: float = math.inf, workers: int = 0) -> Compiled:
     start = time.perf_counter()
     n = len(state.configs)
     mine = local_share(n, comm)
-    _, failures = _compile(state, mine, args, kwargs, threads, timeout_s)
+    pool = _pool(workers)
+    _, failures, by_workers = _compile(state, mine, args, kwargs, threads, timeout_s, pool)
     if comm.active:
         failures.update(comm.share_failures(failures, n, "share precompile results"))
         # The others' binaries are in the shared Triton cache now: loading them here is cheap and
         # keeps the load out of the first slot (compiled here instead when caches are not shared).
         rest = [i for i in range(n) if i not in mine and i not in failures]
-        _, more = _compile(state, rest, args, kwargs, threads, timeout_s)
+        _, more, _ = _compile(state, rest, args, kwargs, threads, timeout_s, pool)
         # A config can fail here alone (a timeout on this rank, a binary this GPU cannot load):
         # share that too, so every rank skips the same configs from the first slot on.
         more.update(comm.share_failures(more, n, "share load results"))
         failures.update(more)
-    return Compiled(mine, time.perf_counter() - start, failures)
+    return Compiled(mine, time.perf_counter() - start, failures, by_workers)

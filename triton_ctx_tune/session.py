@@ -263,14 +263,15 @@ class Session:
             self._apply_quarantine(state)
         if self.opts.resolved_precompile():
             done = precompile(state, args, kwargs, self.comm, self.opts.compile_threads or default_threads(),
-                              self.opts.resolved_compile_timeout())
+                              self.opts.resolved_compile_timeout(), self.opts.resolved_compile_workers())
             state.precompiled = True
             for i, reason in sorted(done.failures.items()):
                 state.fail(i, reason)
             self.log.write("precompile", f"precompile kernel={state.kernel} key={key!r} compiled "
                            f"{len(done.mine)}/{len(configs)} configs here in {done.seconds:.3f} s, "
                            f"{len(done.failures)} failed", kernel=state.kernel, key=list(key), mine=done.mine,
-                           seconds=done.seconds, failures={str(i): r for i, r in done.failures.items()})
+                           seconds=done.seconds, failures={str(i): r for i, r in done.failures.items()},
+                           by_workers=done.by_workers)
         return state
 
     def _apply_quarantine(self, state: KeyState) -> None:

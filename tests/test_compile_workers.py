@@ -1,0 +1,168 @@
+"""Compile worker processes, for real: Triton compiles for a CUDA target (sm_90) without a GPU.
+
+tests/workers_parent.py is a tuning process outside the interpreter; its workers compile the
+kernels of tests/kernels.py to cubins in a temporary TRITON_CACHE_DIR with the wheel's ptxas,
+and the parent's own compile-only launches must then find every one of them (no new cubin).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import HAS_CUDA
+from tests.worker_kernels import HAS_CONSTEXPR_FUNCTION
+from triton_ctx_tune.compile_workers import default_workers
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_constexpr_function = pytest.mark.skipif(not HAS_CONSTEXPR_FUNCTION,
+                                              reason="needs tl.constexpr_function (Triton 3.5+)")
+
+
+def _env(cache: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(cache), TRITON_CTX_TUNE_QUIET="1", **extra)
+    return env
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")  # a zombie has exited; only its parent's reaping is left
+
+
+def _all_gone(pids: list[int], within_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while any(_alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@functools.cache
+def _run(scenarios: tuple[str, ...], cache: str, **extra: str) -> dict[str, dict[str, Any]]:
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "workers_parent.py"), *scenarios], cwd=ROOT,
+                          env=_env(Path(cache), **extra), capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = {row["scenario"]: row for row in map(json.loads, proc.stdout.splitlines())}
+    pids = {p for row in rows.values() for p in row["pids"] + row.get("pids_after", [])}
+    assert _all_gone(sorted(pids)), "a worker outlived its parent's exit"  # atexit closed the pool
+    return rows
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory) -> dict[str, dict[str, Any]]:
+    # LOCAL_RANK 1 of 2: the split scenario's precompile compiles configs 1 and 3 of 4 first.
+    return _run(("reuse", "split", "fallback"), str(tmp_path_factory.mktemp("triton-cache")),
+                LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")
+
+
+def test_workers_compile_real_binaries_that_the_parent_then_finds(healthy):
+    row = healthy["reuse"]
+    first, second = row["first"], row["second"]
+    assert first["by_workers"] == [1, 2, 3] and first["new_cubins"] == 3
+    assert list(first["failures"]) == ["0"]  # BLOCK 128 > LIMIT: tl.static_assert, reported by the worker
+    assert first["failures"]["0"].startswith("CompileTimeAssertionFailure: ") and "BLOCK over LIMIT" in first["failures"]["0"]
+    assert second["by_workers"] == [0, 1, 2] and second["new_cubins"] == 3 and second["failures"] == {}
+    # The parent compiled the same 6 configs again: every one a hit in Triton's cache, so the same keys.
+    assert row["parent_new_cubins"] == 0
+
+
+def test_workers_start_once_and_serve_every_later_key(healthy):
+    pids = healthy["reuse"]["pids"]
+    assert len(pids) == 2 and len(set(pids)) == 2 and os.getpid() not in pids
+    for name in ("reuse", "split", "fallback"):
+        assert healthy[name]["pids"] == pids, name
+    assert healthy["reuse"]["pids_after"] == healthy["split"]["pids_after"] == pids
+
+
+def test_each_local_rank_hands_its_own_share_to_its_workers(healthy):
+    result = healthy["split"]["result"]
+    assert result["mine"] == [1, 3] and result["by_workers"] == [1, 3] and result["failures"] == {}
+    assert result["new_cubins"] == 4  # the others' share was then compiled here too: no rank 0 shared its cache
+
+
+def test_kernels_a_fresh_process_cannot_import_are_compiled_on_threads(healthy):
+    row = healthy["fallback"]
+    for name in ("main", "local"):  # defined in __main__; built inside a function
+        assert row[name] == {"mine": [0, 1], "by_workers": [], "failures": {}, "new_cubins": 2}, name
+    assert row["threads_only"] == {"mine": [0], "by_workers": [], "failures": {}, "new_cubins": 1}  # workers=0
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory) -> dict[str, dict[str, Any]]:
+    if not HAS_CONSTEXPR_FUNCTION:
+        pytest.skip("needs tl.constexpr_function (Triton 3.5+)")
+    return _run(("timeout", "crash"), str(tmp_path_factory.mktemp("triton-cache")))
+
+
+@needs_constexpr_function
+def test_a_compile_past_its_limit_kills_the_worker_and_fails_the_config(broken):
+    row = broken["timeout"]
+    result = row["result"]
+    assert result["failures"] == {"2": "compile timeout: compiling this config took longer than 8 s, so its compile "
+                                       "worker was killed (raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT "
+                                       "if it is just slow)"}
+    assert result["by_workers"] == [0, 1] and result["new_cubins"] == 2
+    killed = set(row["pids"]) - set(row["pids_after"])
+    assert len(killed) == 1 and len(row["pids_after"]) == 2  # replaced: the pool keeps its size
+    assert row["seconds"] < 200  # the hung compile sleeps for an hour
+
+
+@needs_constexpr_function
+def test_a_worker_that_crashes_fails_its_config_only_and_is_replaced(broken):
+    row = broken["crash"]
+    result = row["result"]
+    assert result["failures"] == {"2": "compile worker crashed: its process ended with signal SIGSEGV while "
+                                       "compiling this config (a crash in Triton's compiler); the worker was replaced"}
+    assert result["by_workers"] == [0, 1] and result["new_cubins"] == 2
+    assert len(set(row["pids"]) - set(row["pids_after"])) == 1 and len(row["pids_after"]) == 2
+    assert row["pids"] == broken["timeout"]["pids_after"]  # the same pool went on from the timeout scenario
+
+
+def test_workers_exit_when_their_parent_is_killed(tmp_path):
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "workers_parent.py"), "hold"], cwd=ROOT,
+                            env=_env(tmp_path / "cache"), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()  # after the workers have started
+        row = json.loads(line)
+        assert len(row["pids"]) == 2 and all(_alive(p) for p in row["pids"])
+    finally:
+        proc.send_signal(signal.SIGKILL)  # no atexit: only the workers' own watch can end them
+        proc.wait(timeout=60)
+    assert _all_gone(row["pids"]), "orphaned workers"
+
+
+def test_default_worker_count_shares_the_cores_among_local_ranks(monkeypatch):
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert default_workers() == min(32, cores)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores * 2))
+    assert default_workers() == 1
+
+
+def test_compile_workers_option_is_checked_and_the_interpreter_uses_none(monkeypatch):
+    from triton_ctx_tune import InvalidOptionError, contextual_autotune
+    from triton_ctx_tune.options import TuneOptions
+
+    for bad in (-1, True, 2.0):
+        with pytest.raises(InvalidOptionError, match=r"compile_workers=.* is not valid: expected an int >= 0 "
+                           r"\(0: compile on threads only\), or None for the default\."):
+            contextual_autotune(compile_workers=bad)
+    monkeypatch.setenv("TRITON_CTX_TUNE_COMPILE_WORKERS", "3")
+    assert TuneOptions().compile_workers is None
+    assert TuneOptions(compile_workers=5).resolved_compile_workers() == (5 if HAS_CUDA else 0)  # interpreter: none
+    monkeypatch.setenv("TRITON_CTX_TUNE_COMPILE_WORKERS", "x")
+    with pytest.raises(InvalidOptionError, match="TRITON_CTX_TUNE_COMPILE_WORKERS='x' is not valid"):
+        TuneOptions()

@@ -1,0 +1,133 @@
+"""A tuning process that compiles for an H100 without a GPU: the parent side of the compile-worker tests.
+
+Run without TRITON_INTERPRET, it installs compat's compile-only driver for GPUTarget("cuda", 90, 32),
+so Triton really compiles (to cubins in TRITON_CACHE_DIR, with the wheel's ptxas) in the real worker
+processes and in this process. Only the load of a binary onto a GPU, which needs one, is skipped.
+Prints one JSON line per scenario.
+
+    python tests/workers_parent.py SCENARIO...
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+from triton_ctx_tune import compat  # noqa: E402
+
+compat.use_compile_only_driver(GPUTarget("cuda", 90, 32))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from tests import kernels as K  # noqa: E402
+from tests import worker_kernels as W  # noqa: E402
+from tests.kernels import block_configs  # noqa: E402
+from triton_ctx_tune import precompile as P  # noqa: E402
+from triton_ctx_tune.collectives import Collectives  # noqa: E402
+from triton_ctx_tune.compile_workers import get_pool  # noqa: E402
+from triton_ctx_tune.state import KeyState  # noqa: E402
+
+P.load_binary = lambda kernel: None  # loading onto a GPU is the one step this machine cannot take
+CACHE = Path(os.environ["TRITON_CACHE_DIR"])
+
+
+@triton.autotune(configs=block_configs([16, 32]), key=["n"])
+@triton.jit
+def main_add_one_(x_ptr, n, BLOCK: tl.constexpr):  # in __main__: a fresh process cannot import it
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+
+def _local_kernel() -> Any:
+    @triton.autotune(configs=block_configs([16, 32]), key=["n"])
+    @triton.jit
+    def local_add_one_(x_ptr, n, BLOCK: tl.constexpr):  # built in a function: nowhere to import it from
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 3, mask=offs < n)
+    return local_add_one_
+
+
+class LocalRanks(Collectives):
+    """Two local ranks of one node as this rank (LOCAL_RANK) sees them; the other rank fails nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(False)
+        self.world = 2
+
+    @property
+    def active(self) -> bool:
+        return True
+
+    def share_failures(self, failures: dict[int, str], n: int, what: str) -> dict[int, str]:
+        return dict(failures)
+
+
+def cubins() -> int:
+    return len(list(CACHE.glob("*/*.cubin")))
+
+
+def tune(at: Any, n: int, comm: Collectives | None = None, timeout_s: float = math.inf, workers: int = 2,
+         **kwargs: Any) -> dict[str, Any]:
+    x = torch.zeros(n)
+    args = (x, n)
+    kwargs = {"grid": (1,), "warmup": False, **kwargs}
+    state = KeyState(at, compat.tuning_key(at, args, kwargs), list(at.configs), 1, 1, compat.kernel_name(at))
+    before = cubins()
+    done = P.precompile(state, args, kwargs, comm or Collectives(False), threads=2, timeout_s=timeout_s,
+                        workers=workers)
+    return {"mine": done.mine, "by_workers": done.by_workers, "failures": {str(i): r for i, r in done.failures.items()},
+            "new_cubins": cubins() - before}
+
+
+def parent_hits(at: Any, n: int, blocks: list[int], **kwargs: Any) -> int:
+    """New cubins when this process compiles those configs itself: 0 if the workers' keys were the same."""
+    before = cubins()
+    x = torch.zeros(n)
+    for c in at.configs:
+        if c.kwargs["BLOCK"] in blocks:
+            compat.compile_only(at, [c], (x, n), {"grid": (1,), **kwargs})
+    return cubins() - before
+
+
+def scenario(name: str) -> dict[str, Any]:
+    pool = get_pool(2)
+    assert pool.wait_ready(240), "workers did not start"
+    pids = pool.pids()
+    if name == "reuse":
+        first = tune(K.limited_add_one_, 100, LIMIT=64)
+        second = tune(K.double_, 1000)
+        return {"pids": pids, "pids_after": pool.pids(), "first": first, "second": second,
+                "parent_new_cubins": parent_hits(K.limited_add_one_, 100, [16, 32, 64], LIMIT=64)
+                + parent_hits(K.double_, 1000, [16, 32, 64])}
+    if name == "split":
+        return {"pids": pids, "pids_after": pool.pids(), "result": tune(K.early_pruned_add_one_, 64, LocalRanks())}
+    if name == "timeout":
+        start = time.monotonic()
+        out = tune(W.hanging_add_one_, 96, timeout_s=8.0)
+        return {"pids": pids, "pids_after": pool.pids(), "result": out, "seconds": time.monotonic() - start}
+    if name == "crash":
+        result = tune(W.crashing_add_one_, 96)
+        assert pool.wait_ready(240), "the replacement worker did not start"
+        return {"pids": pids, "result": result, "pids_after": pool.pids()}
+    if name == "fallback":
+        return {"pids": pids, "main": tune(main_add_one_, 64), "local": tune(_local_kernel(), 64),
+                "threads_only": tune(K.single_config_add_one_, 64, workers=0)}
+    if name == "hold":
+        print(json.dumps({"pids": pids, "parent": os.getpid()}), flush=True)
+        time.sleep(3600)  # the test kills this process
+    raise SystemExit(f"unknown scenario {name}")
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        print(json.dumps({"scenario": arg, **scenario(arg)}), flush=True)
