@@ -68,7 +68,8 @@ def main() -> None:
         start = time.perf_counter()
         failed = by_workers = 0
         for at, a, kw in launches:
-            state = KeyState(at, compat.tuning_key(at, a, kw), list(at.configs), 1, 1, compat.kernel_name(at))
+            state = KeyState(autotuner=at, key=compat.tuning_key(at, a, kw), configs=list(at.configs), n_warmup=1,
+                             n_repeat=1, kernel=compat.kernel_name(at))
             _, failures, workers = _compile(state, list(range(len(at.configs))), a, kw, args.threads, math.inf, pool)
             failed += len(failures)
             by_workers += len(workers)

@@ -81,7 +81,8 @@ def tune(at: Any, n: int, comm: Collectives | None = None, timeout_s: float = ma
     x = torch.zeros(n)
     args = (x, n)
     kwargs = {"grid": (1,), "warmup": False, **kwargs}
-    state = KeyState(at, compat.tuning_key(at, args, kwargs), list(at.configs), 1, 1, compat.kernel_name(at))
+    state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs), n_warmup=1,
+                     n_repeat=1, kernel=compat.kernel_name(at))
     before = cubins()
     done = P.precompile(state, args, kwargs, comm or Collectives(False), threads=2, timeout_s=timeout_s,
                         workers=workers)

@@ -117,6 +117,7 @@ class WorkerPool:
         self._closed = False
         # Modules a worker could not compile from (why, as the worker said it): their kernels use threads.
         self.unusable: dict[str, str] = {}
+        self.undescribed = 0  # configs precompile could not describe to a worker (compat.describe_compile)
         self.grow(size)
 
     @property
@@ -127,6 +128,13 @@ class WorkerPool:
     def pids(self) -> list[int]:
         with self._cond:
             return [w.pid for w in self._workers if w.state != "dead"]
+
+    def status(self) -> dict[str, object]:
+        """For the precompile log event: how many workers run, and why any kernel module is left to threads."""
+        with self._cond:
+            return {"ready": sum(w.state in ("idle", "busy") for w in self._workers),
+                    "booting": sum(w.state == "booting" for w in self._workers),
+                    "boot_failures": self._boot_failures, "unusable": dict(self.unusable)}
 
     def ready(self) -> int:
         with self._cond:

@@ -44,6 +44,7 @@ class Compiled:
     seconds: float
     failures: dict[int, str] = field(default_factory=dict)  # config index -> reason (any rank's)
     by_workers: list[int] = field(default_factory=list)  # config indices a worker process compiled
+    workers: dict[str, Any] = field(default_factory=dict)  # the pool's state (WorkerPool.status), {} without one
 
 
 def local_share(n_configs: int, comm: Collectives) -> list[int]:
@@ -64,6 +65,7 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
              timeout_s: float, pool: WorkerPool | None = None) -> tuple[dict[int, Any], dict[int, str], list[int]]:
     device = torch.cuda.current_device() if torch.cuda.is_available() else None
     by_workers: list[int] = []
+    undescribed: list[int] = []  # configs compile_workers cannot describe to a worker (logged)
 
     def one(i: int) -> tuple[Any, str | None]:
         if device is not None:
@@ -71,6 +73,8 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
         try:
             if pool is not None and pool.ready():
                 spec = describe_compile(state.autotuner, state.configs[i], args, kwargs)
+                if spec is None:
+                    undescribed.append(i)
                 outcome = None if spec is None else pool.compile(spec, timeout_s)
                 if outcome is not None:
                     if outcome.failure is not None:
@@ -103,6 +107,8 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
             if reason is None:
                 raise
             failures[i] = reason
+    if undescribed and pool is not None:
+        pool.undescribed += len(undescribed)
     return kernels, failures, sorted(i for i in by_workers if i in kernels)
 
 
@@ -190,4 +196,5 @@ def precompile(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Colle
         # share that too, so every rank skips the same configs from the first slot on.
         more.update(comm.share_failures(more, n, "share load results"))
         failures.update(more)
-    return Compiled(mine, time.perf_counter() - start, failures, by_workers)
+    return Compiled(mine, time.perf_counter() - start, failures, by_workers,
+                    {} if pool is None else dict(pool.status(), undescribed=pool.undescribed))

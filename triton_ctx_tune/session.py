@@ -271,7 +271,7 @@ class Session:
                            f"{len(done.mine)}/{len(configs)} configs here in {done.seconds:.3f} s, "
                            f"{len(done.failures)} failed", kernel=state.kernel, key=list(key), mine=done.mine,
                            seconds=done.seconds, failures={str(i): r for i, r in done.failures.items()},
-                           by_workers=done.by_workers)
+                           by_workers=done.by_workers, workers=done.workers)
         return state
 
     def _apply_quarantine(self, state: KeyState) -> None:
