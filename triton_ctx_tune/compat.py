@@ -415,15 +415,25 @@ def _stand_in(value: Any) -> Any:
     raise _NotDescribable(type(value).__name__)  # a TensorDescriptor, a JIT function, a user object
 
 
-def _module_attr(chain: list[Any], module_name: str) -> tuple[str, int] | None:
+def _module_attr(jit: Any, module_name: str) -> tuple[str, int] | None:
+    """A module attribute whose `.fn` chain reaches `jit`, and how many hops: how a worker finds the kernel.
+
+    The attribute may be the JIT function, the autotuner or any wrapper around it (a library that
+    puts @triton.heuristics outside @triton.autotune exports the heuristics); the worker needs only
+    the JIT function, since the parent has already run the heuristics.
+    """
     module = sys.modules.get(module_name)
     if module is None or module_name in ("__main__", "__mp_main__"):
         return None  # a fresh process cannot import the parent's main script as the parent did
-    names = vars(module)
-    for depth, obj in enumerate(chain):
-        for name, value in names.items():
-            if value is obj:
-                return name, len(chain) - 1 - depth
+    for name, value in list(vars(module).items()):
+        obj, hops = value, 0
+        while obj is not None and hops < 8:
+            if obj is jit:
+                return name, hops
+            try:
+                obj, hops = getattr(obj, "fn", None), hops + 1
+            except Exception:  # an unrelated attribute whose `fn` is a property that raises
+                break
     return None  # built inside a function, kept in a dict: a fresh process cannot find it
 
 
@@ -441,7 +451,7 @@ def describe_compile(at: Autotuner, config: Config, args: Sequence[Any], kwargs:
     if not isinstance(fn, triton.runtime.jit.JITFunction):
         return None  # the interpreter's InterpretedFunction, or a wrapper this code does not know
     module = fn.fn.__module__
-    where = _module_attr(chain, module)
+    where = _module_attr(fn, module)
     if where is None:
         return None
     kw = {k: v for k, v in kwargs.items() if k != "warmup"}
