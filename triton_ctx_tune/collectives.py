@@ -98,6 +98,11 @@ class Collectives:
             return rows[:, 2:], None
         return rows[:, 2:], self.all_gather_bytes(explain(), what + ": the differences")
 
+    def barrier(self, what: str) -> None:
+        """Every rank reaches this point before any goes on (a bounded all-gather of one number)."""
+        if self.active:
+            self.all_gather(torch.zeros(1, dtype=torch.int64), what)
+
     def share_failures(self, mine: dict[int, str], n: int, what: str) -> dict[int, str]:
         """Every rank's failed configs (indices below `n`), on every rank: ours as given, others' as "rank r: reason".
 

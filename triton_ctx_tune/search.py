@@ -33,6 +33,11 @@ class PointTunable(Tunable):
     def describe(self) -> str:
         return f"{self.function} points={self.configs!r}"
 
+    def screening_warmups(self) -> int:
+        # A point's first executions pay for first uses (a new stream, a communicator's first
+        # collective on it, allocator growth): its screening sample comes after every warm-up.
+        return self.n_warmup
+
 
 @dataclass
 class Assignment:

@@ -369,7 +369,11 @@ class Session:
         searched, an exception from the function is that point's failure, not the call's.
         """
         a = self.begin_step()
-        token = self.timer.start(flush=True) if a.measured is not None and a.timed else None
+        token = None
+        if a.measured is not None and a.timed:
+            # The function's own collectives would charge one rank's late start to the others' time.
+            self.comm.barrier("line the ranks up before an end-to-end step")
+            token = self.timer.start(flush=True)
         pts = self.search.points
         try:
             result = execute(a.kwargs)

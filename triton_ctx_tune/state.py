@@ -69,8 +69,12 @@ class Tunable:
     def __post_init__(self) -> None:
         self.samples = [[] for _ in self.configs]
         self.screening = self.early_stop is not None and self.n_repeat > 1
-        first = (min(self.n_warmup, 1), 1) if self.screening else (self.n_warmup, self.n_repeat)
+        first = (self.screening_warmups(), 1) if self.screening else (self.n_warmup, self.n_repeat)
         self._extend(range(len(self.configs)), *first)
+
+    def screening_warmups(self) -> int:
+        """Warm-ups before a config's screening sample: one launch is enough to load and warm a kernel."""
+        return min(self.n_warmup, 1)
 
     def _extend(self, configs: Iterable[int], warmups: int, timed: int, interleave: bool = False) -> None:
         configs = list(configs)
