@@ -437,6 +437,13 @@ def _module_attr(jit: Any, module_name: str) -> tuple[str, int] | None:
     return None  # built inside a function, kept in a dict: a fresh process cannot find it
 
 
+def kernel_modules(at: Autotuner) -> tuple[str, ...]:
+    """The module a compile worker would import to find this kernel (none when it cannot)."""
+    fn = jit_function(at)
+    module = getattr(getattr(fn, "fn", None), "__module__", None)
+    return () if module in (None, "__main__", "__mp_main__") else (module,)
+
+
 def describe_compile(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any]) -> LaunchSpec | None:
     """compile_only(at, [config], args, kwargs) as a LaunchSpec, or None when another process cannot redo it.
 

@@ -16,6 +16,8 @@ past its limit is killed with the ptxas it started, and exits by itself when the
 from __future__ import annotations
 
 import atexit
+import contextlib
+import importlib
 import math
 import os
 import signal
@@ -70,7 +72,7 @@ def _exit_text(code: int | None) -> str:
 
 
 class _Worker:
-    def __init__(self, target: Any) -> None:
+    def __init__(self, target: Any, preload: tuple[str, ...] = ()) -> None:
         to_child_r, to_child_w = os.pipe()
         to_parent_r, to_parent_w = os.pipe()
         try:
@@ -83,7 +85,7 @@ class _Worker:
             os.close(to_parent_w)
         self.requests = Connection(to_child_w, readable=False)
         self.replies = Connection(to_parent_r, writable=False)
-        self.requests.send({"target": target})
+        self.requests.send({"target": target, "preload": list(preload), "sys_path": list(sys.path)})
         self.state = "booting"  # then "idle", "busy", "dead"
 
     @property
@@ -108,8 +110,9 @@ class _Worker:
 class WorkerPool:
     """Up to `size` worker processes; compile() hands one config to an idle one and waits for it."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, preload: tuple[str, ...] = ()) -> None:
         self.owner = os.getpid()
+        self.preload = preload  # kernel modules a worker imports before it says it is ready
         self.target = compile_target()
         self._cond = threading.Condition()
         self._workers: list[_Worker] = []
@@ -159,7 +162,7 @@ class WorkerPool:
     def _start(self) -> None:  # under self._cond
         if self._closed or self._boot_failures >= MAX_BOOT_FAILURES:
             return
-        worker = _Worker(self.target)
+        worker = _Worker(self.target, self.preload)
         self._workers.append(worker)
         threading.Thread(target=self._boot, args=(worker,), name="ctx-tune-worker-boot", daemon=True).start()
 
@@ -261,12 +264,16 @@ _pool: WorkerPool | None = None
 _pool_lock = threading.Lock()
 
 
-def get_pool(size: int) -> WorkerPool:
-    """This process's pool, started at the first call and grown to the largest size asked for."""
+def get_pool(size: int, preload: tuple[str, ...] = ()) -> WorkerPool:
+    """This process's pool, started at the first call and grown to the largest size asked for.
+
+    `preload`: modules the workers import while they start (the first kernel's, when tuning starts
+    them), so that a worker's first job does not pay for importing a kernel library.
+    """
     global _pool
     with _pool_lock:
         if _pool is None or _pool.owner != os.getpid():
-            _pool = WorkerPool(size)
+            _pool = WorkerPool(size, preload)
             atexit.register(_pool.close)
         else:
             _pool.grow(size)
@@ -313,8 +320,18 @@ def serve(requests_fd: int, replies_fd: int, parent: int) -> None:
     replies = Connection(replies_fd, readable=False)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     try:
-        use_compile_only_driver(requests.recv()["target"])
+        # Below the ranks' own threads: a worker that starts (imports) while its rank compiles on
+        # threads must not slow that rank down; once started it uses cores the rank leaves idle.
+        with contextlib.suppress(OSError):
+            os.nice(5)
+        boot = requests.recv()
+        use_compile_only_driver(boot["target"])
         import torch  # noqa: F401,PLC0415  (kernel modules import it: pay for it before the first job)
+        if boot.get("sys_path"):
+            sys.path[:] = boot["sys_path"]
+        for module in boot.get("preload", ()):
+            with contextlib.suppress(Exception):  # a job for it will report the reason
+                importlib.import_module(module)
         replies.send("ready")
         while True:
             spec = requests.recv()

@@ -29,7 +29,7 @@ from typing import Any, Callable, TypeVar
 import torch
 
 from .collectives import Collectives
-from .compat import compile_only, config_failure_reason, describe_compile, load_binary
+from .compat import compile_only, config_failure_reason, describe_compile, kernel_modules, load_binary
 from .compile_workers import WorkerPool, get_pool
 from .state import KeyState
 
@@ -170,11 +170,11 @@ def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int,
     return {i: value for i, (ok, value) in results.items()}, sorted(late)
 
 
-def _pool(workers: int) -> WorkerPool | None:
+def _pool(workers: int, state: KeyState) -> WorkerPool | None:
     if workers <= 0:
         return None
     try:
-        return get_pool(workers)
+        return get_pool(workers, preload=kernel_modules(state.autotuner))
     except (RuntimeError, OSError):
         return None  # no GPU driver to name the target, no process to start: the threads compile
 
@@ -184,7 +184,7 @@ def precompile(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Colle
     start = time.perf_counter()
     n = len(state.configs)
     mine = local_share(n, comm)
-    pool = _pool(workers)
+    pool = _pool(workers, state)
     _, failures, by_workers = _compile(state, mine, args, kwargs, threads, timeout_s, pool)
     if comm.active:
         failures.update(comm.share_failures(failures, n, "share precompile results"))
