@@ -81,7 +81,43 @@ def cached() -> dict[str, Any]:
     return _outcome(op, out, calls)
 
 
-SCENARIOS = {"consensus": consensus, "fails_on_rank1": fails_on_rank1, "cached": cached}
+def validate_rank1() -> dict[str, Any]:
+    """BLOCK=16 is fastest; on rank 1 only it leaves a wrong result: every rank must exclude it."""
+    import json as _json
+
+    import triton
+    import triton.language as tl
+
+    from tests.kernels import costly
+    from triton_ctx_tune import contextual_autotune
+
+    @triton.jit
+    def accumulate_doubled(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(dst_ptr + offs, tl.load(dst_ptr + offs, mask=mask) + 2 * tl.load(src_ptr + offs, mask=mask), mask=mask)
+
+    def dirty_output_on_rank1(nargs: dict[str, Any]) -> None:
+        if dist.get_rank() == 1:
+            nargs["dst_ptr"].add_(1.0)  # as a racy config would leave it: wrong on rank 1 only
+
+    configs = [triton.Config({"BLOCK": 32}, num_warps=4, pre_hook=costly(lambda a: 20.0)),
+               triton.Config({"BLOCK": 16}, num_warps=4, pre_hook=dirty_output_on_rank1)]
+    kernel = triton.autotune(configs=configs, key=["n"])(accumulate_doubled)
+
+    @contextual_autotune(is_dist=True, validate=True, n_warmup=1, n_repeat=2, cache=False, early_stop=False)
+    def double(x: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        kernel[grid(x.numel())](x, out, x.numel())
+        return out
+
+    out = double(torch.ones(64, device=DEVICE))
+    log = Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"]) / f"rank-{dist.get_rank()}.jsonl"
+    mine = [e["mine"] for e in map(_json.loads, log.read_text().splitlines()) if e["event"] == "validation"]
+    return {"chosen": next(iter(kernel.cache.values())).kwargs["BLOCK"], "out": out[:4].tolist(), "mine": mine[-1]}
+
+
+SCENARIOS = {"consensus": consensus, "fails_on_rank1": fails_on_rank1, "cached": cached, "validate_rank1": validate_rank1}
 
 
 def main() -> None:

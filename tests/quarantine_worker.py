@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from tests.kernels import DEVICE, SLOW_MS, add_one_, costly, grid  # noqa: E402
 from triton_ctx_tune import contextual_autotune  # noqa: E402
@@ -44,6 +45,20 @@ CONFIGS = [triton.Config({"BLOCK": b}, num_warps=4, pre_hook=_hook(b, c)) for b,
 add_one = triton.autotune(configs=CONFIGS, key=["n"])(triton.jit(add_one_.fn.fn))
 
 
+@triton.jit(debug=True)
+def _asserting_add_one(x_ptr, n, BLOCK: tl.constexpr):
+    tl.device_assert(BLOCK != 32, "BLOCK=32 trips a device-side assert")
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+# DEVICE_ASSERT=1 (GPU only): BLOCK 32, the fastest, fails a real tl.device_assert, which ends the CUDA context.
+asserting_add_one = triton.autotune(
+    configs=[triton.Config({"BLOCK": b}, num_warps=4, pre_hook=costly(lambda nargs, c=c: c))
+             for b, c in ((16, SLOW_MS), (32, 0.0), (64, 2 * SLOW_MS))], key=["n"])(_asserting_add_one)
+
+
 def main() -> None:
     distributed = "RANK" in os.environ
     if distributed:
@@ -52,17 +67,19 @@ def main() -> None:
         dist.init_process_group("gloo")
         dist.barrier()
 
+    kernel = asserting_add_one if os.environ.get("DEVICE_ASSERT") == "1" else add_one
+
     @contextual_autotune(is_dist=distributed, n_warmup=1, n_repeat=2, early_stop=False, cache=False)
     def op(x: torch.Tensor) -> torch.Tensor:
         h = x.clone()
-        add_one[grid(h.numel())](h, h.numel())
+        kernel[grid(h.numel())](h, h.numel())
         return h
 
     x = torch.arange(64, dtype=torch.float32, device=DEVICE)
     y = op(x)
     rank = int(os.environ.get("RANK", "0"))
     row = json.dumps({"rank": rank, "ok": bool(torch.equal(y, x + 1)), "executions": op.last_call.executions,
-                      "chosen": {repr(k): c.kwargs["BLOCK"] for k, c in add_one.cache.items()}})
+                      "chosen": {repr(k): c.kwargs["BLOCK"] for k, c in kernel.cache.items()}})
     print(row, flush=True)
     if os.environ.get("QUARANTINE_OUT"):  # ranks share stdout: one file each
         Path(os.environ["QUARANTINE_OUT"], f"rank{rank}.json").write_text(row)

@@ -18,7 +18,8 @@ OPTIONS = ["is_dist", "n_repeat", "n_warmup", "group", "reduce", "stat", "flush_
            "max_executions", "cache", "cache_dir", "early_stop", "precompile", "compile_threads",
            "compile_workers", "compile_timeout_s",
            "cuda_graph", "quarantine",
-           "slot_timeout_s", "objective"]
+           "slot_timeout_s", "objective", "validate", "reference", "compare", "atol", "rtol",
+           "max_mismatch_ratio"]
 
 
 def test_misspelt_keyword_names_the_closest_option_and_lists_them_all():

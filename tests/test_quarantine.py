@@ -119,3 +119,17 @@ def test_a_slot_hung_on_rank_1_ends_the_job_promptly_and_both_ranks_skip_it_next
     second = _run(tmp_path, None, world=2, crash_rank=1, HANG_BLOCK="32", TRITON_CTX_TUNE_SLOT_TIMEOUT="2")
     assert second.returncode == 0, second.stderr[-3000:]
     assert all(r["ok"] and r["chosen"] == {"(64, 'torch.float32')": 16} for r in _rows(tmp_path, 2))
+
+
+@pytest.mark.gpu
+def test_a_real_device_side_assert_is_quarantined_and_skipped_by_the_next_process(tmp_path):
+    first = _run(tmp_path, crash=None, DEVICE_ASSERT="1")
+    assert first.returncode != 0, first.stdout[-2000:]  # the assert ended the CUDA context, and the process
+    (record,) = list((tmp_path / "cache-quarantine").glob("inflight-rank0-pid*.json"))
+    assert json.loads(record.read_text())["config"].startswith("BLOCK=32,")
+    second = _run(tmp_path, crash=None, DEVICE_ASSERT="1")
+    assert second.returncode == 0, second.stderr[-3000:]
+    result = json.loads(second.stdout.strip().splitlines()[-1])
+    assert result["ok"] and result["chosen"] == {"(64, 'torch.float32')": 16}  # 32 would have won
+    assert "skipping quarantined configs #1" in second.stderr
+

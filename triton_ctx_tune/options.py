@@ -159,6 +159,17 @@ class TuneOptions:
     # others run their best so far, so that kernels overlapped on different streams are judged
     # together, contention included. Costs one execution per slot instead of one launch.
     objective: str = "per_launch"
+    # Output validation (validate.py): each config must reproduce the reference result, or it is
+    # invalid on every rank. The reference is the result with every kernel on its first config, or
+    # `reference(*args, **kwargs)` when given; `compare(result, reference) -> bool` replaces the
+    # element-wise check (|result - reference| <= atol + rtol * |reference| on all but
+    # max_mismatch_ratio of the elements). Costs one execution per config, before timing starts.
+    validate: bool = False
+    reference: Callable[..., Any] | None = None
+    compare: Callable[[Any, Any], bool] | None = None
+    atol: float = 1e-3
+    rtol: float = 1e-3
+    max_mismatch_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("n_repeat", "n_warmup", "max_executions"):
@@ -177,6 +188,20 @@ class TuneOptions:
         if self.cuda_graph and not _has_cuda_graphs():
             raise InvalidOptionError("cuda_graph", True, "False here: graph replays need a CUDA GPU, and kernels "
                                      "under TRITON_INTERPRET=1 run on the host")
+        if not isinstance(self.validate, bool):
+            raise InvalidOptionError("validate", self.validate, "True or False")
+        for name in ("reference", "compare"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise InvalidOptionError(name, getattr(self, name), "a callable, or None")
+        for name in ("atol", "rtol", "max_mismatch_ratio"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise InvalidOptionError(name, value, "a number >= 0")
+        if self.max_mismatch_ratio > 1:
+            raise InvalidOptionError("max_mismatch_ratio", self.max_mismatch_ratio, "a fraction between 0 and 1")
+        if (self.reference is not None or self.compare is not None) and not self.validate:
+            raise InvalidOptionError("validate", False, "True when reference= or compare= is given (they are "
+                                     "used only by validation)")
         if self.objective not in OBJECTIVES:
             raise InvalidOptionError("objective", self.objective, " or ".join(map(repr, OBJECTIVES)))
         if not isinstance(self.is_dist, bool):

@@ -47,6 +47,13 @@ class Assignment:
     measured: Tunable | None = None
     config: int | None = None
     timed: bool = False  # a timed slot of `measured` (else a warm-up slot, or nothing measured)
+    reference: bool = False  # every key on its known-good config: the result is validation's reference
+    validating: tuple[KeyState, int] | None = None  # this key runs this config, every other its known-good one
+
+    @property
+    def fixed(self) -> bool:
+        """Whether every launch runs a config chosen before the step (no per-launch slot is taken)."""
+        return self.reference or self.validating is not None
 
 
 class Search:
@@ -54,6 +61,17 @@ class Search:
         self.points = points
         self.kernels: dict[tuple[int | None, int, tuple], KeyState] = {}
         self.abandoned: set[int] = set()  # points that failed: their kernels are never met again
+        # Output validation (validate.py): a reference step, then one step per (key, config) to check.
+        self.reference_pending = False
+        self.validation: list[tuple[KeyState, int]] = []
+
+    def plan_validation(self, states: list[KeyState], user_reference: bool) -> None:
+        """Check every config of these keys, but the first when the reference is the result with the
+        first configs. Each check runs every other key on its first config, taken as known-good."""
+        first = 0 if user_reference else 1
+        for s in states:
+            self.validation += [(s, c) for c in range(first, len(s.configs)) if c not in s.failures]
+        self.reference_pending = self.reference_pending or (not user_reference and bool(states))
 
     def kernel(self, point: int | None, at: Any, key: tuple) -> KeyState | None:
         return self.kernels.get((point, id(at), key))
@@ -90,6 +108,12 @@ class Search:
     def assignment(self) -> Assignment:
         point = self._point()
         a = Assignment(point, {} if point is None or self.points is None else dict(self.points.configs[point]))
+        if self.reference_pending:
+            a.reference = True
+            return a
+        if self.validation:
+            a.validating = self.validation[0]
+            return a
         mine = self.of_point(point)
         if any(not s.end_to_end and not s.settled for s in mine):
             return a  # kernels timed per launch are still tuning: nothing else is measured

@@ -33,6 +33,7 @@ from .precompile import default_threads, precompile
 from .search import Assignment, PointTunable, Search
 from .state import KeyState, Slot, SlotRecord, Tunable, pick_winner, screen
 from .timing import CudaEventTimer, CudaGraphTimer, HostTimer, make_timer
+from .validate import Validator
 
 
 @dataclass
@@ -79,6 +80,8 @@ class Session:
         self.launched: set[int] = set()  # ids of the states launched in this step
         self.tuning_launches = 0
         self.on_point_decided: Callable[[Session, Any], None] | None = None
+        self.validator = (Validator(opts.atol, opts.rtol, opts.max_mismatch_ratio, opts.compare)
+                          if opts.validate else None)
         self.stats = CallStats(function)
         self._started = time.perf_counter()
         self._logged_header = False
@@ -193,11 +196,16 @@ class Session:
                 state.reset_pending = False
                 reset_before_final_launch(at, best, args, kwargs)
             return self._known(at, best, args, kwargs)
-        if state.settled or state.end_to_end:
-            # Timed end to end, or held after screening: every launch in this step runs the
-            # step's config for this key, untimed; the step's wall time is the measurement.
-            a = self.assignment
-            index = a.config if a.measured is state and a.config is not None else state.step_config()
+        a = self.assignment
+        if state.settled or state.end_to_end or a.fixed:
+            # Timed end to end, held after screening, or a validation step: every launch in this
+            # step runs the step's config for this key, untimed.
+            if a.validating is not None and a.validating[0] is state:
+                index = a.validating[1]
+            elif a.measured is state and a.config is not None:
+                index = a.config
+            else:
+                index = state.step_config()
             if index in state.failures:
                 index = state.step_config()
             record = SlotRecord(None, None)
@@ -369,7 +377,7 @@ class Session:
         searched, an exception from the function is that point's failure, not the call's.
         """
         a = self.begin_step()
-        token = None
+        token: Any = None
         if a.measured is not None and a.timed:
             # The function's own collectives would charge one rank's late start to the others' time.
             self.comm.barrier("line the ranks up before an end-to-end step")
@@ -382,7 +390,7 @@ class Session:
                 raise
             return self.end_step(failure=f"{type(e).__name__}: {e}"), None
         sample = self.timer.stop(token) if token is not None else None
-        return self.end_step(sample), result
+        return self.end_step(sample, output=result), result
 
     def finish(self, execute: Callable[[dict[str, Any]], Any]) -> Any:
         """Run steps until the final run; its result."""
@@ -391,7 +399,8 @@ class Session:
             if final:
                 return result
 
-    def end_step(self, sample: Callable[[], float] | None = None, failure: str | None = None) -> bool:
+    def end_step(self, sample: Callable[[], float] | None = None, failure: str | None = None,
+                 output: Any = None) -> bool:
         """Close one execution; True when it ran every kernel with its final config."""
         self.stats.executions += 1
         a = self.assignment
@@ -418,6 +427,8 @@ class Session:
             return False
         if a.measured is not None and clean:
             self._take_step_sample(a, sample)
+        if self.validator is not None:
+            self._validation_step(a, output)
         if self.search.points is not None and a.point is not None:
             self.search.points.seen.add(a.point)
         self._log_slots()
@@ -432,6 +443,37 @@ class Session:
                           for s in self.search.kernels.values() if not s.settled and not s.end_to_end)
         self.progress.update(self.stats.executions, self.stats.executions + left)
         return False
+
+    def _validation_step(self, a: Assignment, output: Any) -> None:
+        """Take the reference, or judge the config this step checked; plan checks for keys met in it."""
+        v = self.validator
+        assert v is not None
+        if a.reference:
+            v.set_reference(output)
+            self.search.reference_pending = False
+        elif a.validating is not None:
+            self.search.validation.pop(0)
+            state, index = a.validating
+            check = v.check(output) if index not in state.failures else None
+            mine = {} if check is None or check.ok else {index: f"validation: {check.describe()}"}
+            shared = self.comm.share_failures(mine, len(state.configs), "share validation results")
+            for i, reason in shared.items():
+                state.fail(i, reason)
+            self._ensure_header()
+            ok = index not in shared
+            stats = {} if check is None else {"max_abs": check.max_abs, "max_rel": check.max_rel,
+                                              "mismatch_ratio": check.mismatch_ratio}
+            self.log.write("validation", f"validation kernel={state.kernel} key={state.key!r} config#{index} "
+                           f"{{{config_str(state.configs[index])}}} " + ("ok" if ok else f"INVALID {shared[index]}"),
+                           kernel=state.kernel, key=list(state.key), config_index=index,
+                           config=config_str(state.configs[index]), ok=ok, reason=shared.get(index),
+                           mine=None if check is None else check.ok, **stats)
+            if not ok:
+                self.progress.clear()
+                self.log.summary(f"{self.function}: {state.kernel} key={state.key!r}: config "
+                                 f"{{{config_str(state.configs[index])}}} is invalid ({shared[index]})")
+        if self.new_states:
+            self.search.plan_validation(self.new_states, user_reference=self.opts.reference is not None)
 
     def _take_step_sample(self, a: Assignment, sample: Callable[[], float] | None) -> None:
         m = a.measured

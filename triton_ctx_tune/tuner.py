@@ -56,7 +56,9 @@ class ContextualAutotuner(Generic[R]):
         try:
             result = self.fn(*args, **kwargs)
             session = call.session
-            if session is not None and not session.end_step():  # a key was not tuned: a tuning call
+            if session is not None and session.validator is not None and self.opts.reference is not None:
+                session.validator.set_reference(self.opts.reference(*args, **kwargs))
+            if session is not None and not session.end_step(output=result):  # a key was not tuned: a tuning call
                 result = session.finish(lambda point: self.fn(*args, **kwargs))
         except BaseException as e:
             if isinstance(e, Exception):

@@ -1,0 +1,98 @@
+"""Output validation: a config is valid only if the function's result with it matches a reference.
+
+The reference is the function's result when every kernel runs its first config (or what a
+user-given reference function returns). In a contextual call several kernels could change at
+once, so a mismatch could not be pinned on one of them; instead every config is validated in a
+step of its own, in which that key runs the config and every other key runs its known-good first
+config (search.py plans these steps). A result differs when more than `max_mismatch_ratio` of
+any tensor's elements are outside `atol + rtol * |reference|` (NaN where the reference is not,
+included), or when a user-given `compare(result, reference)` returns False.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass
+class Check:
+    ok: bool
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    mismatch_ratio: float = 0.0
+    detail: str = ""
+
+    def describe(self) -> str:
+        if self.detail:
+            return self.detail
+        return (f"{self.mismatch_ratio:.2%} of elements differ from the reference (max abs err {self.max_abs:.3g}, "
+                f"max rel err {self.max_rel:.3g})")
+
+
+def tensors(obj: Any) -> list[torch.Tensor]:
+    """The tensors of a result, in a fixed order: nested tuples, lists and dicts (sorted keys)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for o in obj for t in tensors(o)]
+    if isinstance(obj, dict):
+        return [t for k in sorted(obj, key=str) for t in tensors(obj[k])]
+    return []
+
+
+def snapshot(obj: Any) -> Any:
+    """A copy of a result that later executions cannot overwrite (functions often reuse buffers)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, tuple):
+        return tuple(snapshot(o) for o in obj)
+    if isinstance(obj, list):
+        return [snapshot(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    return obj
+
+
+class Validator:
+    def __init__(self, atol: float, rtol: float, max_mismatch_ratio: float,
+                 compare: Callable[[Any, Any], bool] | None) -> None:
+        self.atol, self.rtol, self.max_mismatch_ratio, self.compare = atol, rtol, max_mismatch_ratio, compare
+        self.reference: Any = None
+        self.has_reference = False
+
+    def set_reference(self, result: Any) -> None:
+        self.reference = snapshot(result)
+        self.has_reference = True
+
+    def check(self, result: Any) -> Check:
+        if self.compare is not None:
+            ok = bool(self.compare(result, self.reference))
+            return Check(ok, detail="" if ok else "the user's compare(result, reference) returned False")
+        got, want = tensors(result), tensors(self.reference)
+        if len(got) != len(want):
+            return Check(False, detail=f"the result holds {len(got)} tensors, the reference {len(want)}")
+        worst = Check(True)
+        for g, w in zip(got, want):
+            if g.shape != w.shape:
+                return Check(False, detail=f"a result tensor has shape {tuple(g.shape)}, the reference {tuple(w.shape)}")
+            c = self._compare(g, w)
+            if not c.ok:
+                return c
+            worst = Check(True, max(worst.max_abs, c.max_abs), max(worst.max_rel, c.max_rel),
+                          max(worst.mismatch_ratio, c.mismatch_ratio))
+        return worst
+
+    def _compare(self, got: torch.Tensor, want: torch.Tensor) -> Check:
+        g, w = got.detach().double(), want.detach().to(got.device).double()
+        close = torch.isclose(g, w, rtol=self.rtol, atol=self.atol, equal_nan=True)
+        n = max(close.numel(), 1)
+        ratio = float((~close).sum()) / n
+        diff = (g - w).abs()
+        finite = torch.isfinite(diff)
+        max_abs = float(diff[finite].max()) if bool(finite.any()) else (0.0 if bool(close.all()) else math.inf)
+        rel = diff / w.abs().clamp_min(1e-30)
+        max_rel = float(rel[finite].max()) if bool(finite.any()) else max_abs
+        return Check(ratio <= self.max_mismatch_ratio, max_abs, max_rel, ratio)
