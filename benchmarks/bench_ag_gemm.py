@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="folder of the JSON result (default benchmarks/results/<commit>)")
     p.add_argument("--no-warm", action="store_true", help="tune each arm once (cold) only")
+    p.add_argument("--ours-objective", default="per_launch", choices=("per_launch", "end_to_end"),
+                   help="ours: how the GEMM's configs are judged inside each point (default per_launch)")
     p.add_argument("--n-repeat", type=int, help="ours: n_repeat (default 5; --small 2)")
     p.add_argument("--n-warmup", type=int, help="ours: n_warmup (default 3; --small 1)")
     p.add_argument("--tdist-warmup", type=int, default=5, help="tdist: warm-up runs per point (default 5)")
@@ -219,7 +221,8 @@ def arm_ours(ctx: Ctx, gemm: Any) -> ArmRun:
 
     a = ctx.args
     tuned = autotune([p.kwargs() for p in ctx.space], key_fn=key_fn, prune_fn=None, is_dist=True,
-                     n_repeat=a.n_repeat, n_warmup=a.n_warmup, quiet=True, log_dir=ctx.log_dir)(ag_gemm)
+                     n_repeat=a.n_repeat, n_warmup=a.n_warmup, quiet=True, log_dir=ctx.log_dir,
+                     objective=a.ours_objective)(ag_gemm)
     gemm.cache.clear()
     c, wall, per_rank = timed(ctx.ranks, lambda: tuned(ctx.a, ctx.b))
     stats = tuned.last_call

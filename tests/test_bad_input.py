@@ -53,7 +53,7 @@ BAD_ENV = {
     "TRITON_CTX_TUNE_COMPILE_TIMEOUT": ("-1", "a number of seconds greater than 0"),
     "TRITON_CTX_TUNE_SLOT_TIMEOUT": ("0", "a number of seconds greater than 0"),
     "TRITON_CTX_TUNE_COMPILE_WORKERS": ("-2", "a number of worker processes >= 0 (0: compile on threads only); "
-                                        "unset for one per core"),
+                                        "unset: none unless start_compile_workers() started them"),
 }
 
 

@@ -280,6 +280,12 @@ def get_pool(size: int, preload: tuple[str, ...] = ()) -> WorkerPool:
         return _pool
 
 
+def started_workers() -> int:
+    """The size of this process's pool if start_compile_workers() (or a tuning call) started one, else 0."""
+    with _pool_lock:
+        return _pool.size if _pool is not None and _pool.owner == os.getpid() else 0
+
+
 def start_compile_workers(size: int | None = None) -> None:
     """Start this process's compile workers now, so that their start-up overlaps the program's own (model
     construction, data loading) instead of the first tuning call. Optional: tuning starts them when needed."""

@@ -89,7 +89,8 @@ def env_compile_workers() -> int | None:
         return None
     if not value.isdigit():
         raise InvalidOptionError("TRITON_CTX_TUNE_COMPILE_WORKERS", raw,
-                                 "a number of worker processes >= 0 (0: compile on threads only); unset for one per core")
+                                 "a number of worker processes >= 0 (0: compile on threads only); unset: none unless "
+                                 "start_compile_workers() started them")
     return int(value)
 
 
@@ -136,9 +137,9 @@ class TuneOptions:
     early_stop: float | bool | None = None  # None: TRITON_CTX_TUNE_EARLY_STOP or 1.5; False: off
     precompile: bool | None = None  # None: TRITON_CTX_TUNE_PRECOMPILE, on unless it is 0
     compile_threads: int | None = None  # None: cores / local ranks, at most 32
-    # Compile worker processes of this rank (compile_workers.py): started once, at the first precompilation,
-    # and kept for every later key, they compile in parallel where threads hold the GIL. 0: threads only.
-    # None: TRITON_CTX_TUNE_COMPILE_WORKERS, else the cores this rank may use / local ranks, at most 32.
+    # Compile worker processes of this rank (compile_workers.py): started once and kept for every later
+    # key, they compile in parallel where threads hold the GIL. 0: threads only. None:
+    # TRITON_CTX_TUNE_COMPILE_WORKERS, else the pool start_compile_workers() started, else none.
     compile_workers: int | None = None
     # Seconds one config may spend compiling during precompilation; a config that takes longer is
     # invalid on every rank and its compile is abandoned (a compiler that hangs on one config must
@@ -265,12 +266,17 @@ class TuneOptions:
     def resolved_compile_workers(self) -> int:
         """How many compile worker processes this rank uses (0: threads only; none under the interpreter)."""
         from .compat import interpret_mode
-        from .compile_workers import default_workers
+        from .compile_workers import started_workers
 
         if interpret_mode():
             return 0  # nothing is compiled there
         n = env_compile_workers() if self.compile_workers is None else self.compile_workers
-        return default_workers() if n is None else n
+        if n is None:
+            # Opt-in: on 2 H200 ranks, workers started at the first tuning call competed with the
+            # ranks' own compiles while they imported torch (FLA step 30 s instead of 25 s, the MLP
+            # op 4.7 s instead of 1.3 s). Started early, by start_compile_workers(), they are used.
+            return started_workers()
+        return n
 
     def resolved_cache_dir(self) -> Path | None:
         """Where tuned results persist, or None when the cache is off."""
