@@ -151,6 +151,11 @@ def load_binary(compiled: Any) -> None:
         init()
 
 
+def restores(at: Autotuner) -> bool:
+    """Whether the autotuner declares arguments to restore or zero around a benchmarked launch."""
+    return bool(getattr(at, "restore_value", None) or getattr(at, "reset_to_zero", None))
+
+
 def reset_before_final_launch(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """What Triton does between benchmarking and the real launch: zero the reset_to_zero arguments."""
     at.pre_hook({**_named_args(at, args), **kwargs, **config.all_kwargs()}, reset_only=True)
