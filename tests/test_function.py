@@ -182,3 +182,20 @@ def test_end_to_end_objective_judges_a_kernel_by_what_it_does_to_the_others(obje
     if objective == "end_to_end":
         # Discovery, then per key 2 configs x 3 slots, one step each, then the final run.
         assert tuned.last_call.executions == 1 + 2 * 6 + 1
+
+
+def test_steps_timed_end_to_end_leave_no_undecided_key_in_tritons_cache_when_the_call_fails():
+    first.cache.clear()
+    second.cache.clear()
+    runs = {"n": 0}
+
+    def flaky(x: torch.Tensor) -> torch.Tensor:
+        runs["n"] += 1
+        if runs["n"] == 5:  # mid-tuning: end-to-end steps have put candidate configs in the caches
+            raise RuntimeError("the step failed")
+        return _two_kernels(x)
+
+    tuned = contextual_autotune(objective="end_to_end", early_stop=False, **FAST)(flaky)
+    with pytest.raises(RuntimeError, match="the step failed"):
+        tuned(torch.ones(64, device=DEVICE))
+    assert first.cache == {} and second.cache == {}  # nothing a later plain launch could take as tuned

@@ -41,7 +41,7 @@ class Call:
 
     def launch(self, at: Autotuner, args: tuple, kwargs: dict[str, Any]) -> Any:
         session = self.session
-        if session is None:
+        if session is None or session.lean:  # lean: a step timed end to end runs as a tuned call will
             if len(at.configs) <= 1:
                 return original_run()(at, *args, **kwargs)
             if not kwargs.get("warmup"):  # Triton passes warmup=False on every normal launch
@@ -49,9 +49,9 @@ class Call:
                 config = at.cache.get(key)
                 if config is not None:
                     return launch_cached(at, config, args, kwargs)
-                session = self.start_session(at, key)
+                session = session or self.start_session(at, key)
             else:
-                session = self.start_session(at, None)
+                session = session or self.start_session(at, None)
         return session.launch(at, args, kwargs)
 
     def start_session(self, at: Autotuner, key: tuple | None) -> Session:
