@@ -96,19 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     first_cache = setup_env()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-    import torch
     import torch.distributed as dist
 
     import benchlib
 
-    cuda = torch.cuda.is_available() and not benchlib.interpreting()
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    backend = os.environ.get("TRITON_CTX_TUNE_BACKEND") or ("nccl" if cuda else "gloo")
-    if cuda:
-        torch.cuda.set_device(local)
-        dist.init_process_group(backend, device_id=torch.device("cuda", local))
-    else:
-        dist.init_process_group(backend)
+    benchlib.init_process_group()
     try:
         return run(args, benchlib.Ranks(), first_cache)
     finally:

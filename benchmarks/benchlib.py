@@ -24,6 +24,18 @@ ROOT = Path(__file__).resolve().parent.parent
 _T0 = time.perf_counter()
 
 
+def init_process_group() -> None:
+    """Join the launcher's group: NCCL with one GPU per local rank, or gloo on the CPU (the interpreter)."""
+    cuda = torch.cuda.is_available() and not interpreting()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    backend = os.environ.get("TRITON_CTX_TUNE_BACKEND") or ("nccl" if cuda else "gloo")
+    if cuda:
+        torch.cuda.set_device(local)
+        dist.init_process_group(backend, device_id=torch.device("cuda", local))
+    else:
+        dist.init_process_group(backend)
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "off", "no")
 
