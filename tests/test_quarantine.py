@@ -121,6 +121,18 @@ def test_a_slot_hung_on_rank_1_ends_the_job_promptly_and_both_ranks_skip_it_next
     assert all(r["ok"] and r["chosen"] == {"(64, 'torch.float32')": 16} for r in _rows(tmp_path, 2))
 
 
+def test_the_ranks_waiting_for_a_hung_one_name_the_slots_it_may_hang_in(tmp_path):
+    if _gpus() == 1:
+        pytest.skip("needs 2 GPUs or none")
+    # The other ranks' collective deadline (5 s) runs out before the hung rank's slot watchdog (20 s).
+    hung = _run(tmp_path, None, world=2, crash_rank=1, HANG_BLOCK="32", TRITON_CTX_TUNE_SLOT_TIMEOUT="20",
+                TRITON_CTX_TUNE_TIMEOUT="5")
+    assert hung.returncode != 0
+    assert "CollectiveTimeoutError: rank 0 of 2" in hung.stderr
+    assert "a rank hung in one of them is the likely cause: add_one_ key=(64, 'torch.float32') config#1 {BLOCK=32" \
+        in hung.stderr
+
+
 @pytest.mark.gpu
 def test_a_real_device_side_assert_is_quarantined_and_skipped_by_the_next_process(tmp_path):
     first = _run(tmp_path, crash=None, DEVICE_ASSERT="1")

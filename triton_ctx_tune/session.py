@@ -23,7 +23,7 @@ from .cache import Lookup, TuningCache, entry_id, identity, resolve_dir
 from .collectives import Collectives
 from .compat import (Autotuner, compile_only, config_failure_reason, config_str, kernel_name, launch_cached, launch_config,
                      notify_listener, prune_configs, reset_before_final_launch, restores, tuning_key)
-from .errors import CtxTuneError, EmptyConfigSpaceError, NoValidConfigError, RankMismatchError
+from .errors import CollectiveTimeoutError, CtxTuneError, EmptyConfigSpaceError, NoValidConfigError, RankMismatchError
 from .logs import RankLog, fmt_ms
 from .options import TuneOptions
 from .patch import original_run
@@ -454,7 +454,11 @@ class Session:
                 f"{self.function} ran {self.stats.executions} times without finishing its tuning "
                 f"(max_executions={self.opts.max_executions}); it probably launches new keys on every "
                 "execution (a shape that changes each time). Make its shapes fixed within one call.")
-        failures = self._check_agreement(failure)
+        try:
+            failures = self._check_agreement(failure)
+        except CollectiveTimeoutError as e:
+            self._name_suspects(e)
+            raise
         self.timer.sync()
         if failures:
             self._point_failed(a, failures)
@@ -477,6 +481,16 @@ class Session:
                           for s in self.search.kernels.values() if not s.settled and not s.end_to_end)
         self.progress.update(self.stats.executions, self.stats.executions + left)
         return False
+
+    def _name_suspects(self, e: CollectiveTimeoutError) -> None:
+        """Ranks run the same slots in lockstep: a rank that never reached the step's end was most
+        likely hung in one of the slots this rank ran in it (its own SlotHangError names which)."""
+        ran = [f"{st.kernel} key={st.key!r} config#{r.slot.config} {{{config_str(st.configs[r.slot.config])}}}"
+               for st in self.search.kernels.values() for r in st.records if r.slot is not None]
+        if ran:
+            e.suspects = ran
+            e.args = (e.args[0] + " The step it waited at the end of ran these slots here; a rank hung in one of "
+                      "them is the likely cause: " + "; ".join(dict.fromkeys(ran)),)
 
     def _validation_step(self, a: Assignment, output: Any) -> None:
         """Take the reference, or judge the config this step checked; plan checks for keys met in it."""
