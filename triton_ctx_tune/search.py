@@ -50,6 +50,14 @@ class Assignment:
     reference: bool = False  # every key on its known-good config: the result is validation's reference
     validating: tuple[KeyState, int] | None = None  # this key runs this config, every other its known-good one
 
+    def config_for(self, state: KeyState) -> int:
+        """The config every launch of `state` runs in this step when it takes no per-launch slot."""
+        if self.validating is not None and self.validating[0] is state:
+            return self.validating[1]
+        if self.measured is state and self.config is not None:
+            return self.config
+        return state.step_config()
+
     @property
     def fixed(self) -> bool:
         """Whether every launch runs a config chosen before the step (no per-launch slot is taken)."""

@@ -204,12 +204,7 @@ class Session:
         if state.settled or state.end_to_end or a.fixed:
             # Timed end to end, held after screening, or a validation step: every launch in this
             # step runs the step's config for this key, untimed.
-            if a.validating is not None and a.validating[0] is state:
-                index = a.validating[1]
-            elif a.measured is state and a.config is not None:
-                index = a.config
-            else:
-                index = state.step_config()
+            index = a.config_for(state)
             if index in state.failures:
                 index = state.step_config()
             record = SlotRecord(None, None)
@@ -426,7 +421,7 @@ class Session:
         states = self.search.of_point(a.point)
         if any(restores(s.autotuner) or not (s.settled or s.end_to_end) for s in states):
             return []
-        chosen = [(s, a.config if a.measured is s and a.config is not None else s.step_config()) for s in states]
+        chosen = [(s, a.config_for(s)) for s in states]
         if any(index in s.failures for s, index in chosen):
             return []
         for s, index in chosen:
@@ -488,7 +483,6 @@ class Session:
         ran = [f"{st.kernel} key={st.key!r} config#{r.slot.config} {{{config_str(st.configs[r.slot.config])}}}"
                for st in self.search.kernels.values() for r in st.records if r.slot is not None]
         if ran:
-            e.suspects = ran
             e.args = (e.args[0] + " The step it waited at the end of ran these slots here; a rank hung in one of "
                       "them is the likely cause: " + "; ".join(dict.fromkeys(ran)),)
 
