@@ -12,7 +12,6 @@ of them asked for the same entry.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import warnings
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 from . import __version__
-from .cache import _jsonable, canonical, device_arch, device_identity, write_json_atomically
+from .cache import _jsonable, canonical, device_arch, device_identity, entry_filename, entry_id, write_json_atomically
 from .collectives import Collectives
 from .compat import TRITON_VERSION
 from .errors import CacheWarning, RankMismatchError
@@ -58,9 +57,7 @@ def function_identity(fn: Callable[..., Any], name: str, key: Any, points: list[
 
 
 def _path(directory: Path, ident: dict[str, Any]) -> Path:
-    eid = hashlib.sha256(canonical(ident).encode()).hexdigest()
-    safe = "".join(c if c.isalnum() or c in "_." else "_" for c in ident["function"])[:80]
-    return directory / SUBDIR / f"{safe}-{eid}.json"
+    return directory / SUBDIR / entry_filename(ident["function"], entry_id(ident))
 
 
 def lookup(directory: Path | None, ident: dict[str, Any], comm: Collectives, retune: bool) -> FunctionLookup:
