@@ -18,17 +18,18 @@ import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 
 from . import function_cache, patch, resolver
 from .call import Call
-from .compat import Autotuner, config_str, explain_error
+from .compat import Autotuner, config_str
 from .errors import InvalidOptionError
 from .options import TuneOptions
 from .search import PointTunable
 from .session import CallStats, Session
+from .tuner import ContextualAutotuner
 
 R = TypeVar("R")
 Space = Iterable[dict[str, Any]] | Callable[..., Iterable[dict[str, Any]]]
@@ -40,12 +41,15 @@ class Winner:
     installs: list[tuple[Autotuner, tuple, Any]]  # the kernels' winners under the point, for Autotuner.cache
 
 
-class FunctionAutotuner(Generic[R]):
-    """A function tuned over a space of keyword arguments, jointly with the kernels it launches."""
+class FunctionAutotuner(ContextualAutotuner[R]):
+    """A function tuned over a space of keyword arguments, jointly with the kernels it launches.
+
+    A ContextualAutotuner whose calls take Triton-distributed's switches and run the function with
+    a point of the space: it shares the wrapper (methods, torch.compile) and the call loop (_drive).
+    """
 
     def __init__(self, fn: Callable[..., R], config_space: Space, key_fn: Callable[..., Any] | None,
                  prune_fn: Callable[..., bool] | None, opts: TuneOptions, is_dist: bool | None) -> None:
-        functools.update_wrapper(self, fn)
         if not callable(config_space):
             config_space = _check_points(config_space, "config_space")
             if not config_space:
@@ -53,17 +57,13 @@ class FunctionAutotuner(Generic[R]):
         for name, f in (("key_fn", key_fn), ("prune_fn", prune_fn)):
             if f is not None and not callable(f):
                 raise InvalidOptionError(name, f, "a callable taking the function's arguments, or None")
-        self.fn = fn
+        super().__init__(fn, opts)
         self.config_space = config_space
         self.key_fn = key_fn
         self.prune_fn = prune_fn
-        self.opts = opts
         self.is_dist = is_dist
-        self.name: str = getattr(fn, "__qualname__", repr(fn))
         self.best: dict[Any, Winner] = {}
-        self._last: Call | None = None
         self._last_point: dict[str, Any] | None = None
-        self._eager_call = torch.compiler.disable(self._call, recursive=True)
 
     @property
     def last_call(self) -> CallStats | None:
@@ -74,15 +74,6 @@ class FunctionAutotuner(Generic[R]):
         if stats.point is None and self._last_point is not None:
             stats.point = dict(self._last_point)
         return stats
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        return self if instance is None else functools.partial(self, instance)
-
-    def __call__(self, *args: Any, autotune: bool = True, autotune_verbose: bool = False,
-                 autotune_allow_arg_overwrite: bool = False, autotune_pg: Any = None, **kwargs: Any) -> R:
-        if torch.compiler.is_compiling():
-            return self._eager_call(args, kwargs, autotune, autotune_verbose, autotune_allow_arg_overwrite, autotune_pg)
-        return self._call(args, kwargs, autotune, autotune_verbose, autotune_allow_arg_overwrite, autotune_pg)
 
     def space(self, args: tuple, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
         """The points for these arguments: config_space (called if it is a callable), then prune_fn."""
@@ -97,17 +88,17 @@ class FunctionAutotuner(Generic[R]):
                                      "a space that keeps at least one point for these arguments (check prune_fn)")
         return list(space)
 
-    def _call(self, args: tuple, kwargs: dict[str, Any], autotune: bool, verbose: bool, allow_overwrite: bool,
-              pg: Any) -> R:
+    def _call(self, *args: Any, autotune: bool = True, autotune_verbose: bool = False,  # type: ignore[override]
+              autotune_allow_arg_overwrite: bool = False, autotune_pg: Any = None, **kwargs: Any) -> R:
         points = self.space(args, kwargs)
         clash = set(kwargs) & set().union(*points)
-        if clash and not allow_overwrite:
+        if clash and not autotune_allow_arg_overwrite:
             raise InvalidOptionError("keyword arguments", sorted(clash),
                                      "names that are not in config_space (or autotune_allow_arg_overwrite=True, "
                                      "which lets the caller's value win)")
         if resolver.current() is not None:  # inside another tuning call: run as part of it
             return self.fn(*args, **{**points[0], **kwargs})
-        opts = self._options(verbose, pg)
+        opts = self._options(autotune_verbose, autotune_pg)
         key = self.key_fn(*args, **kwargs) if self.key_fn is not None else None
         if not autotune:
             return self._run(opts, args, kwargs, points[0], None)
@@ -157,23 +148,7 @@ class FunctionAutotuner(Generic[R]):
                                     f"{lookup.entry['tuned']['date']})")
             session.on_point_decided = functools.partial(self._store, lookup)
             call.session = session
-        resolver.enter(call)
-        try:
-            if call.session is not None:
-                result = call.session.finish(lambda p: self.fn(*args, **{**p, **kwargs}))
-            else:
-                result = self.fn(*args, **{**(point or {}), **kwargs})
-                session = call.session  # a kernel key was not tuned yet: the call became a tuning call
-                if session is not None and not session.end_step():
-                    result = session.finish(lambda p: self.fn(*args, **{**(point or {}), **kwargs}))
-        except BaseException as e:
-            if isinstance(e, Exception):
-                explain_error(e)
-            resolver.leave(call)
-            call.close(type(e), e)
-            raise
-        resolver.leave(call)
-        call.close()
+        result = self._drive(call, args, kwargs, point)
         if tune is not None and call.session is not None:
             self._remember(tune[0], call.session)
         self._last_point = point

@@ -51,15 +51,30 @@ class ContextualAutotuner(Generic[R]):
             patch.make_resident()
         call = Call(self.name, self.opts)
         self._last = call
+        return self._drive(call, args, kwargs)
+
+    def _drive(self, call: Call, args: tuple, kwargs: dict[str, Any], point: dict[str, Any] | None = None) -> R:
+        """Run one call to its end: the one place a call is entered and left, on every exit path.
+
+        The function runs with `point`'s keyword arguments (autotune() without a space), or with each
+        step's (a call made with a session: autotune()'s space, every execution a step). A call
+        without a session starts warm and becomes a tuning call at its first untuned key.
+        """
         resolver.enter(call)
-        # try/except rather than an ExitStack: this is the warm path, paid on every call.
+        # try/except rather than an ExitStack, and no closure until a call tunes: this is the
+        # warm path, paid on every call.
         try:
-            result = self.fn(*args, **kwargs)
             session = call.session
-            if session is not None and session.validator is not None and self.opts.reference is not None:
-                session.validator.set_reference(self.opts.reference(*args, **kwargs))
-            if session is not None and not session.end_step(output=result):  # a key was not tuned: a tuning call
-                result = session.finish(lambda point: self.fn(*args, **kwargs))
+            if session is None:
+                result = self.fn(*args, **kwargs) if point is None else self.fn(*args, **{**point, **kwargs})
+                session = call.session
+                if session is not None:  # a key was not tuned: the call became a tuning call
+                    if session.validator is not None and call.opts.reference is not None:
+                        session.validator.set_reference(call.opts.reference(*args, **kwargs))
+                    if not session.end_step(output=result):
+                        result = session.finish(self._executor(args, kwargs, point))
+            else:
+                result = session.finish(self._executor(args, kwargs, point))
         except BaseException as e:
             if isinstance(e, Exception):
                 explain_error(e)  # adds a note naming the fix for known environment problems
@@ -69,6 +84,11 @@ class ContextualAutotuner(Generic[R]):
         resolver.leave(call)
         call.close()
         return result
+
+    def _executor(self, args: tuple, kwargs: dict[str, Any], point: dict[str, Any] | None) -> Callable[[dict[str, Any]], R]:
+        """One execution of the function for a step, with that step's point (if any) as keywords."""
+        fixed = point or {}
+        return lambda step_point: self.fn(*args, **{**fixed, **step_point, **kwargs})
 
 
 @overload
