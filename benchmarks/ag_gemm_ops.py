@@ -42,6 +42,7 @@ from triton.runtime.autotuner import Autotuner, Config
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import host_do_bench, interpreting  # noqa: E402
 from mlp_ops import config_text, fresh_autotuner, launch, tolerance, triton_key  # noqa: E402
+from mlp_kernels import matmul_tile  # noqa: E402  (examples/, put on sys.path by mlp_ops)
 
 # torch >= 2.12 deprecates the name in favour of all_gather_single, which older torch lacks; the GPU runs use 2.11.
 warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
@@ -80,30 +81,8 @@ def ag_matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_
                      SEG_M, SEG_STRIDE,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """c[row(i)] = a[i] @ b with fp32 accumulation, row(i) = (i // SEG_M) * SEG_STRIDE + i % SEG_M."""
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    # Grouped ordering: GROUP_M row-blocks share the same columns of b while they are in L2.
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    # Wrapped rows and columns keep the loads in bounds without masks; the store is masked instead.
-    a_ptrs = a_ptr + (offs_m % M)[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + (offs_n % N)[None, :] * stride_bn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    acc, offs_m, offs_n = matmul_tile(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     rows = (offs_m // SEG_M) * SEG_STRIDE + offs_m % SEG_M
     c_ptrs = c_ptr + rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))

@@ -49,12 +49,10 @@ def gelu_configs(size: str = EXAMPLE_SIZE) -> list[triton.Config]:
     return [triton.Config({"BLOCK": block}, num_warps=w) for block, w in table]
 
 
-@triton.autotune(configs=matmul_configs(), key=["M", "N", "K"])
 @triton.jit
-def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
-                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """c = a @ b with fp32 accumulation; c's dtype is the output dtype."""
+def matmul_tile(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's BLOCK_M x BLOCK_N tile of a @ b in fp32, with the tile's row and column offsets."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -68,7 +66,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    # Wrapping rows and columns keeps the loads in bounds without masks; the store is masked instead.
+    # Wrapping rows and columns keeps the loads in bounds without masks; the caller masks its store.
     rows = offs_m % M
     cols = offs_n % N
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
@@ -81,6 +79,17 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
+    return acc, offs_m, offs_n
+
+
+@triton.autotune(configs=matmul_configs(), key=["M", "N", "K"])
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """c = a @ b with fp32 accumulation; c's dtype is the output dtype."""
+    acc, offs_m, offs_n = matmul_tile(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
