@@ -248,17 +248,18 @@ def init_group() -> str:
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 
-def main() -> None:
+def main(scenarios: dict[str, Callable[[], dict[str, Any]]] = SCENARIOS) -> None:
+    """Run the named scenarios on this rank (also the main of function_worker.py, with its own)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
+    parser.add_argument("scenarios", nargs="+", choices=sorted(scenarios))
     args = parser.parse_args()
     backend = init_group()
     out = Path(args.out)
     for name in args.scenarios:
         start = time.monotonic()
         try:
-            result = SCENARIOS[name]()
+            result = scenarios[name]()
         except Exception as e:  # noqa: BLE001 (the outcome under test)
             result = {"error_type": type(e).__name__, "error": str(e), "traceback": traceback.format_exc()}
         result.update(rank=rank(), world=dist.get_world_size(), backend=backend, wall_s=time.monotonic() - start)

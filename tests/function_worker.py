@@ -1,14 +1,11 @@
-"""One rank of the function-level multi-process tests, started by torchrun (see test_function_dist.py).
-
-Each scenario writes its outcome to OUT/SCENARIO.rank{r}.json.
+"""One rank of the function-level and validation multi-process tests, started by torchrun
+(test_function_dist.py, test_validate.py); dist_worker.main runs the scenarios and writes each one's
+outcome to OUT/SCENARIO.rank{r}.json.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,7 +14,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.dist_worker import init_group  # noqa: E402
+from tests.dist_worker import main  # noqa: E402
 from tests.kernels import DEVICE, double_, grid, spend  # noqa: E402
 from triton_ctx_tune import autotune  # noqa: E402
 
@@ -120,23 +117,5 @@ def validate_rank1() -> dict[str, Any]:
 SCENARIOS = {"consensus": consensus, "fails_on_rank1": fails_on_rank1, "cached": cached, "validate_rank1": validate_rank1}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
-    args = parser.parse_args()
-    init_group()
-    for name in args.scenarios:
-        try:
-            result = SCENARIOS[name]()
-        except Exception as e:  # noqa: BLE001 (the outcome under test)
-            result = {"error_type": type(e).__name__, "error": str(e), "traceback": traceback.format_exc()}
-        result.update(rank=dist.get_rank(), world=dist.get_world_size())
-        (Path(args.out) / f"{name}.rank{dist.get_rank()}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
-
-
 if __name__ == "__main__":
-    main()
+    main(SCENARIOS)
