@@ -68,7 +68,6 @@ class Search:
     def __init__(self, points: PointTunable | None = None) -> None:
         self.points = points
         self.kernels: dict[tuple[int | None, int, tuple], KeyState] = {}
-        self.abandoned: set[int] = set()  # points that failed: their kernels are never met again
         # Output validation (validate.py): a reference step, then one step per (key, config) to check.
         self.reference_pending = False
         self.validation: list[tuple[KeyState, int]] = []
@@ -152,7 +151,6 @@ class Search:
 
     def abandon(self, point: int) -> None:
         """A point failed: drop its kernels' states, which no later step will launch."""
-        self.abandoned.add(point)
         for k in [k for k, s in self.kernels.items() if s.point == point]:
             del self.kernels[k]
 

@@ -61,11 +61,9 @@ class Validator:
                  compare: Callable[[Any, Any], bool] | None) -> None:
         self.atol, self.rtol, self.max_mismatch_ratio, self.compare = atol, rtol, max_mismatch_ratio, compare
         self.reference: Any = None
-        self.has_reference = False
 
     def set_reference(self, result: Any) -> None:
         self.reference = snapshot(result)
-        self.has_reference = True
 
     def check(self, result: Any) -> Check:
         if self.compare is not None:
