@@ -16,6 +16,13 @@ A config whose compilation runs past compile_timeout_s is a failure like a compi
 worker process is killed (a thread that compiles itself is abandoned: left to finish on its own,
 never waited for), and so is one whose worker crashes; the gathers make the config invalid on
 every rank.
+
+A key met in the middle of an execution need not hold that execution up: `start()` compiles this
+rank's share in the background, without any collective, while the execution goes on running the
+key's first config (compiled by its own launch). `Precompiling.finish()` is the collective half,
+called by every rank at the same point: the end of the step that met the key, after the ranks have
+agreed on what they met. So the keys one execution meets compile side by side instead of each
+waiting for the one before, and a key's slowest config no longer stalls the whole function.
 """
 from __future__ import annotations
 
@@ -45,6 +52,7 @@ class Compiled:
     failures: dict[int, str] = field(default_factory=dict)  # config index -> reason (any rank's)
     by_workers: list[int] = field(default_factory=list)  # config indices a worker process compiled
     workers: dict[str, Any] = field(default_factory=dict)  # the pool's state (WorkerPool.status), {} without one
+    by_execution: list[int] = field(default_factory=list)  # compiled by the launch of the step that met the key
 
 
 def local_share(n_configs: int, comm: Collectives) -> list[int]:
@@ -61,9 +69,17 @@ def default_threads() -> int:
     return max(1, min(32, (os.cpu_count() or 1) // max(local_world, 1)))
 
 
+def _device() -> int | None:
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
 def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
-             timeout_s: float, pool: WorkerPool | None = None) -> tuple[dict[int, Any], dict[int, str], list[int]]:
-    device = torch.cuda.current_device() if torch.cuda.is_available() else None
+             timeout_s: float, pool: WorkerPool | None = None, device: int | None = None,
+             load: bool = True) -> tuple[dict[int, Any], dict[int, str], list[int]]:
+    """Compile configs `indices` on up to `threads` threads (and `pool`'s workers); `device` is the
+    caller's, since a thread started here (or by start()) begins on device 0."""
+    if not indices:
+        return {}, {}, []
     by_workers: list[int] = []
     undescribed: list[int] = []  # configs compile_workers cannot describe to a worker (logged)
 
@@ -87,6 +103,8 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
                 raise
             return None, reason
 
+    if device is None:
+        device = _device()
     if pool is not None:
         threads = max(threads, pool.size)  # one thread per worker keeps every worker busy
     if math.isinf(timeout_s) and (threads <= 1 or len(indices) <= 1):
@@ -99,7 +117,17 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
                                 "abandoned (raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT if it is just slow)")
     kernels = {i: k for i, (k, r) in results.items() if r is None}
     failures = {i: r for i, (_, r) in results.items() if r is not None}
-    for i, kernel in kernels.items():  # loading touches the CUDA context: stay on this thread
+    if load:
+        failures.update(_load(kernels))
+    if undescribed and pool is not None:
+        pool.undescribed += len(undescribed)
+    return kernels, failures, sorted(i for i in by_workers if i in kernels)
+
+
+def _load(kernels: dict[int, Any]) -> dict[int, str]:
+    """Load compiled kernels onto the device (the caller's thread: it touches the CUDA context)."""
+    failures: dict[int, str] = {}
+    for i, kernel in kernels.items():
         try:
             load_binary(kernel)
         except Exception as e:
@@ -107,9 +135,7 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
             if reason is None:
                 raise
             failures[i] = reason
-    if undescribed and pool is not None:
-        pool.undescribed += len(undescribed)
-    return kernels, failures, sorted(i for i in by_workers if i in kernels)
+    return failures
 
 
 T = TypeVar("T")
@@ -179,22 +205,68 @@ def _pool(workers: int, state: KeyState) -> WorkerPool | None:
         return None  # no GPU driver to name the target, no process to start: the threads compile
 
 
-def precompile(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,
-               timeout_s: float = math.inf, workers: int = 0) -> Compiled:
-    start = time.perf_counter()
-    n = len(state.configs)
-    mine = local_share(n, comm)
-    pool = _pool(workers, state)
-    _, failures, by_workers = _compile(state, mine, args, kwargs, threads, timeout_s, pool)
-    if comm.active:
+class Precompiling:
+    """One key's precompilation: this rank's share compiling in the background (start), then the
+    collective half (finish), which every rank calls at the same point of the same step."""
+
+    def __init__(self, state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,
+                 timeout_s: float, workers: int, skip: tuple[int, ...] = ()) -> None:
+        self.state, self.args, self.kwargs = state, args, kwargs
+        self.threads, self.timeout_s = threads, timeout_s
+        self.started = time.perf_counter()
+        self.skip = sorted(skip)
+        self.mine = [i for i in local_share(len(state.configs), comm) if i not in skip]
+        self.pool = _pool(workers, state)
+        self.device = _device()
+        self._outcome: tuple[dict[int, Any], dict[int, str], list[int]] | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Precompiling:
+        self._thread = threading.Thread(target=self._compile_mine, name="ctx-tune-precompile", daemon=True)
+        self._thread.start()
+        return self
+
+    def _compile_mine(self) -> None:
+        try:
+            self._outcome = _compile(self.state, self.mine, self.args, self.kwargs, self.threads, self.timeout_s,
+                                     self.pool, self.device, load=False)
+        except BaseException as e:  # re-raised by finish(), on the thread that owns the call
+            self._error = e
+
+    def finish(self, comm: Collectives) -> Compiled:
+        if self._thread is None:
+            self._compile_mine()
+        else:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._outcome is not None
+        kernels, failures, by_workers = self._outcome
+        failures.update(_load(kernels))
+        by_workers = [i for i in by_workers if i not in failures]
+        state, n, pool = self.state, len(self.state.configs), self.pool
         failures.update(comm.share_failures(failures, n, "share precompile results"))
-        # The others' binaries are in the shared Triton cache now: loading them here is cheap and
-        # keeps the load out of the first slot (compiled here instead when caches are not shared).
-        rest = [i for i in range(n) if i not in mine and i not in failures]
-        _, more, _ = _compile(state, rest, args, kwargs, threads, timeout_s, pool)
+        # The others' binaries (and the skipped configs, compiled by the execution itself) are in the
+        # shared Triton cache now: loading them here is cheap and keeps the load out of the first slot
+        # (compiled here instead when caches are not shared).
+        rest = [i for i in range(n) if i not in self.mine and i not in failures]
+        _, more, _ = _compile(state, rest, self.args, self.kwargs, self.threads, self.timeout_s, pool, self.device)
         # A config can fail here alone (a timeout on this rank, a binary this GPU cannot load):
         # share that too, so every rank skips the same configs from the first slot on.
-        more.update(comm.share_failures(more, n, "share load results"))
-        failures.update(more)
-    return Compiled(mine, time.perf_counter() - start, failures, by_workers,
-                    {} if pool is None else dict(pool.status(), undescribed=pool.undescribed))
+        failures.update(comm.share_failures(more, n, "share load results"))
+        return Compiled(self.mine, time.perf_counter() - self.started, failures, by_workers,
+                        {} if pool is None else dict(pool.status(), undescribed=pool.undescribed), self.skip)
+
+
+def start(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,
+          timeout_s: float = math.inf, workers: int = 0, skip: tuple[int, ...] = ()) -> Precompiling:
+    """Begin compiling this rank's share of `state`'s configs in the background; `skip`: configs the
+    execution in progress compiles itself (its first launch's)."""
+    return Precompiling(state, args, kwargs, comm, threads, timeout_s, workers, skip).start()
+
+
+def precompile(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,
+               timeout_s: float = math.inf, workers: int = 0) -> Compiled:
+    """Compile every config of `state` now, before its first slot (both halves at once)."""
+    return Precompiling(state, args, kwargs, comm, threads, timeout_s, workers).finish(comm)

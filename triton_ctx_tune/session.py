@@ -29,7 +29,7 @@ from .options import TuneOptions
 from .patch import original_run
 from .progress import Progress, steps_left
 from .quarantine import Quarantine
-from .precompile import default_threads, precompile
+from . import precompile
 from .search import Assignment, PointTunable, Search
 from .state import KeyState, Slot, SlotRecord, Tunable, pick_winner, screen
 from .timing import CudaEventTimer, CudaGraphTimer, HostTimer, make_timer
@@ -201,9 +201,10 @@ class Session:
                 reset_before_final_launch(at, best, args, kwargs)
             return self._known(at, best, args, kwargs)
         a = self.assignment
-        if state.settled or state.end_to_end or a.fixed:
-            # Timed end to end, held after screening, or a validation step: every launch in this
-            # step runs the step's config for this key, untimed.
+        if state.settled or state.end_to_end or a.fixed or (state.compiling is not None and not _warmup_next(state)):
+            # Timed end to end, held after screening, a validation step, or still compiling (no timed
+            # slot while compiles compete for the host): every launch in this step runs the step's
+            # config for this key, untimed.
             index = a.config_for(state)
             if index in state.failures:
                 index = state.step_config()
@@ -273,17 +274,40 @@ class Session:
                                                        self.opts.stat))
             self._apply_quarantine(state)
         if self.opts.resolved_precompile():
-            done = precompile(state, args, kwargs, self.comm, self.opts.compile_threads or default_threads(),
-                              self.opts.resolved_compile_timeout(), self.opts.resolved_compile_workers())
-            state.precompiled = True
-            for i, reason in sorted(done.failures.items()):
-                state.fail(i, reason)
-            self.log.write("precompile", f"precompile kernel={state.kernel} key={key!r} compiled "
-                           f"{len(done.mine)}/{len(configs)} configs here in {done.seconds:.3f} s, "
-                           f"{len(done.failures)} failed", kernel=state.kernel, key=list(key), mine=done.mine,
-                           seconds=done.seconds, failures={str(i): r for i, r in done.failures.items()},
-                           by_workers=done.by_workers, workers=done.workers)
+            work = (state, args, kwargs, self.comm, self.opts.compile_threads or precompile.default_threads(),
+                    self.opts.resolved_compile_timeout(), self.opts.resolved_compile_workers())
+            first = state.peek()
+            if first is not None and not first.timed and first.config == state.step_config():
+                # The execution goes on with the first config (its own launch compiles it) while the
+                # rest compile behind it; the step's end gathers them (_finish_precompiles).
+                state.compiling = precompile.start(*work, skip=(first.config,))
+            else:  # the first slot is timed: every config must be ready before it
+                self._precompiled(state, precompile.precompile(*work))
         return state
+
+    def _precompiled(self, state: KeyState, done: precompile.Compiled) -> None:
+        state.precompiled = True
+        state.compiling = None
+        for i, reason in sorted(done.failures.items()):
+            state.fail(i, reason)
+        by_run = f" (+{len(done.by_execution)} by the execution)" if done.by_execution else ""
+        self.log.write("precompile", f"precompile kernel={state.kernel} key={state.key!r} compiled "
+                       f"{len(done.mine)}/{len(state.configs)} configs here{by_run} in {done.seconds:.3f} s, "
+                       f"{len(done.failures)} failed", kernel=state.kernel, key=list(state.key), mine=done.mine,
+                       seconds=done.seconds, failures={str(i): r for i, r in done.failures.items()},
+                       by_workers=done.by_workers, workers=done.workers, by_execution=done.by_execution)
+
+    def _finish_precompiles(self, void: bool) -> None:
+        """The collective half of the step's background compiles, in the order every rank met the keys.
+
+        A void step (some rank failed) met keys that no later step runs: their compiles are dropped.
+        """
+        for state in self.new_states:
+            if state.compiling is not None:
+                if void:
+                    state.compiling = None
+                else:
+                    self._precompiled(state, state.compiling.finish(self.comm))
 
     def _apply_quarantine(self, state: KeyState) -> None:
         assert self.quarantine is not None
@@ -454,6 +478,7 @@ class Session:
         except CollectiveTimeoutError as e:
             self._name_suspects(e)
             raise
+        self._finish_precompiles(void=bool(failures))
         self.timer.sync()
         if failures:
             self._point_failed(a, failures)
@@ -724,6 +749,12 @@ class Session:
         if isinstance(s, KeyState):
             raise NoValidConfigError(s.kernel, s.key, failures)
         raise NoValidConfigError(self.function, ("function-level space",), failures)
+
+
+def _warmup_next(state: KeyState) -> bool:
+    """Whether the key's next slot is a warm-up of the config its first launch compiles (the step config)."""
+    slot = state.peek()
+    return slot is not None and not slot.timed and slot.config == state.step_config()
 
 
 def _plain_point(point: dict[str, Any]) -> dict[str, Any]:

@@ -57,6 +57,7 @@ class Tunable:
     screening: bool = False  # the plan so far is the screening pass; its end is a pruning decision
     dropped: set[int] = field(default_factory=set)
     precompiled: bool = False
+    compiling: Any = None  # precompile.Precompiling while its configs compile behind the step that met it
     winner: int | None = None
     started: float = field(default_factory=time.perf_counter)
     tuning_s: float = 0.0

@@ -1,0 +1,89 @@
+"""Precompilation overlaps the execution that meets the keys: one key's compiles never wait for the next key.
+
+Under the interpreter nothing is compiled, but precompilation's compile-only launches
+(run(warmup=True)) go through heuristics() on their way to the compiler, in the compile threads.
+Here kernel A's compile-only launches wait until kernel B's have begun. B is launched after A in
+the function, so if A's precompilation held the execution up (as it did before: compile every
+config of a key, then run its first slot), B's would never begin while A's waited: A's configs
+would run into the compile timeout and fail.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from tests.kernels import DEVICE, SLOW_MS, autotuner, block_configs, chosen, grid
+from triton_ctx_tune import contextual_autotune
+
+B_COMPILING = threading.Event()
+A_WAITED: list[bool] = []
+
+
+def _a_waits_for_b(args: dict[str, Any]) -> int:
+    if args.get("warmup"):
+        A_WAITED.append(B_COMPILING.wait(20))
+    return 0
+
+
+def _b_compiling(args: dict[str, Any]) -> int:
+    if args.get("warmup"):
+        B_COMPILING.set()
+    return 0
+
+
+@triton.autotune(configs=block_configs([16, 32, 64], slow={16: SLOW_MS, 64: 2 * SLOW_MS}), key=["n"])
+@triton.heuristics({"TAG": _a_waits_for_b})
+@triton.jit
+def kernel_a(x_ptr, n, BLOCK: tl.constexpr, TAG: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+@triton.autotune(configs=block_configs([16, 32, 64], slow={16: SLOW_MS, 32: 2 * SLOW_MS}), key=["n"])
+@triton.heuristics({"TAG": _b_compiling})
+@triton.jit
+def kernel_b(x_ptr, n, BLOCK: tl.constexpr, TAG: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)
+
+
+def test_keys_met_in_one_execution_compile_side_by_side(tmp_path):
+    executions = 0
+
+    @contextual_autotune(n_warmup=1, n_repeat=2, early_stop=False, cache=False, log_dir=tmp_path,
+                         compile_timeout_s=10.0, compile_workers=0)
+    def op(x: torch.Tensor) -> torch.Tensor:
+        nonlocal executions
+        executions += 1
+        h = x.clone()
+        kernel_a[grid(h.numel())](h, h.numel())
+        kernel_b[grid(h.numel())](h, h.numel())
+        return h
+
+    x = torch.arange(96, dtype=torch.float32, device=DEVICE)
+    torch.testing.assert_close(op(x), (x + 1) * 2)
+    key = (96, "torch.float32")
+    assert chosen(kernel_a) == {key: 32} and chosen(kernel_b) == {key: 64}
+    # A's two background compiles (configs 1 and 2; the execution compiled config 0 itself) waited
+    # for B's, and B's began: nothing timed out. The third is config 0's load at the step's end.
+    assert A_WAITED == [True, True, True]
+    events = [json.loads(line) for line in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
+    pre = [e for e in events if e["event"] == "precompile"]
+    assert [(e["kernel"], e["mine"], e["by_execution"], e["failures"]) for e in pre] == [
+        ("kernel_a", [1, 2], [0], {}), ("kernel_b", [1, 2], [0], {})]
+    # Per key 3 configs x (1 warm-up + 2 timed) slots, one launch each per execution, both keys
+    # side by side; the step that met them ran their first warm-up; then the final run.
+    assert executions == 9 + 1
+    # The first step's slots were logged once it had gathered the compiles: no slot preceded them.
+    first_slot = next(i for i, e in enumerate(events) if e["event"] == "slot")
+    assert all(events.index(e) < first_slot for e in pre)
+    assert [e["event"] for e in events if e["event"] in ("decision",)] == ["decision", "decision"]
+    for k in (kernel_a, kernel_b):
+        autotuner(k).cache.clear()
