@@ -598,3 +598,39 @@ def test_the_fast_tuning_key_is_tritons_key_for_every_way_of_passing_arguments()
     keys = [tuning_key(at, args, kwargs) for args, kwargs in launches]
     assert keys == [triton_key(at, args, kwargs) for args, kwargs in launches]
     assert keys[0] == (8, "torch.float32", "torch.float16")
+    # Again, once every dtype's spelling is remembered, and with a NumPy array among the arguments.
+    import numpy as np
+    again = [((src, dst.to(torch.int32), 8, 2.0), {}), ((src, np.zeros(3, dtype=np.int8), 8, 2.0), {})]
+    assert [tuning_key(at, a, k) for a, k in again] == [triton_key(at, a, k) for a, k in again] == [
+        (8, "torch.float32", "torch.int32"), (8, "torch.float32", "int8")]
+
+
+def test_a_warm_launch_runs_the_config_it_finds_even_when_configs_are_rebuilt():
+    """The warm path keeps each tuned config's launch keywords; a new Config object at the same key
+    (the cache edited, or a config rebuilt with other values) must launch its own values."""
+    from tests.kernels import add_one_
+
+    at = autotuner(add_one_)
+    K.reset_caches()
+    launched: list[int] = []
+
+    def one_program(meta: dict) -> tuple[int]:
+        launched.append(meta["BLOCK"])
+        return (1,)
+
+    @contextual_autotune(cache=False, log_dir=False, quiet=True)
+    def op(x: torch.Tensor) -> torch.Tensor:
+        add_one_[one_program](x, x.numel())
+        return x
+
+    key = (120, "torch.float32")
+    op(torch.zeros(120, device=DEVICE))  # tunes: BLOCK 64 for n >= 100
+    assert chosen(add_one_) == {key: 64}
+    launched.clear()
+    y = op(torch.zeros(120, device=DEVICE))
+    assert launched == [64] and op.last_call.executions == 1 and y.sum().item() == 64
+    at.cache[key] = triton.Config({"BLOCK": 16}, num_warps=4)
+    launched.clear()
+    y = op(torch.zeros(120, device=DEVICE))
+    assert launched == [16] and op.last_call.executions == 1 and y.sum().item() == 16  # one program of BLOCK 16
+    K.reset_caches()

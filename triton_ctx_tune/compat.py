@@ -73,9 +73,22 @@ def tuning_key(at: Autotuner, args: Sequence[Any], kwargs: dict[str, Any]) -> tu
     n = len(args)
     if n <= n_params and params.isdisjoint(kwargs):
         key = [args[i] for i in positions if i < n]
-        key.extend(str(a.dtype) for a in args if hasattr(a, "dtype"))
+        try:
+            for a in args:
+                dtype = getattr(a, "dtype", None)
+                if dtype is not None:
+                    text = _DTYPE_TEXT.get(dtype)
+                    if text is None:
+                        text = _DTYPE_TEXT[dtype] = str(dtype)
+                    key.append(text)
+        except TypeError:  # an unhashable dtype: Triton's own way
+            return triton_key(at, args, kwargs)
         return tuple(key)
     return triton_key(at, args, kwargs)
+
+
+# str(dtype), as Triton's key spells it, once per dtype: str(torch.float16) costs more than a lookup.
+_DTYPE_TEXT: dict[Any, str] = {}
 
 
 def triton_key(at: Autotuner, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple:
@@ -129,7 +142,15 @@ def launch_cached(at: Autotuner, config: Config, args: Sequence[Any], kwargs: di
     at.best_config = config
     if config.pre_hook is not None:
         config.pre_hook({**_named_args(at, args), **kwargs, **config.all_kwargs()})
-    return at.fn.run(*args, **kwargs, **config.all_kwargs())
+    held = _LAUNCH_KWARGS.get(id(config))
+    if held is None or held[0] is not config:
+        held = _LAUNCH_KWARGS[id(config)] = (config, config.all_kwargs())
+    return at.fn.run(*args, **kwargs, **held[1])
+
+
+# Config.all_kwargs() builds a dict on every call; a tuned config's is built once (the config is
+# kept alive with it, so its id cannot be reused for another config).
+_LAUNCH_KWARGS: dict[int, tuple[Config, dict[str, Any]]] = {}
 
 
 def compile_only(at: Autotuner, configs: Sequence[Config], args: Sequence[Any], kwargs: dict[str, Any]) -> list:
