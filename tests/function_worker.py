@@ -70,6 +70,21 @@ def fails_on_rank1() -> dict[str, Any]:
     return _outcome(op, out, calls)
 
 
+def wrong_on_rank1() -> dict[str, Any]:
+    """validate=True: chunks=2 is fastest, but its result is wrong on rank 1 only: every rank skips it."""
+    calls: list[int] = []
+    inner = _op(lambda c: {1: 30.0, 2: 10.0, 4: 20.0}[c], calls, collective=False, cache=False, validate=True)
+
+    def op_with_a_wrong_point(x: torch.Tensor, *, chunks: int) -> torch.Tensor:
+        y = inner.fn(x, chunks=chunks)
+        return y + 1 if chunks == 2 and dist.get_rank() == 1 else y
+
+    op = autotune(config_space=SPACE, key_fn=lambda x: x.numel(), n_warmup=1, n_repeat=2, early_stop=False,
+                  cache=False, validate=True)(op_with_a_wrong_point)
+    out = op(torch.ones(64, device=DEVICE))
+    return _outcome(op, out, calls)
+
+
 def cached() -> dict[str, Any]:
     """Run twice, in two processes, against one cache directory: the second run executes once."""
     calls: list[int] = []
@@ -114,7 +129,8 @@ def validate_rank1() -> dict[str, Any]:
     return {"chosen": next(iter(kernel.cache.values())).kwargs["BLOCK"], "out": out[:4].tolist(), "mine": mine[-1]}
 
 
-SCENARIOS = {"consensus": consensus, "fails_on_rank1": fails_on_rank1, "cached": cached, "validate_rank1": validate_rank1}
+SCENARIOS = {"consensus": consensus, "fails_on_rank1": fails_on_rank1, "wrong_on_rank1": wrong_on_rank1, "cached": cached,
+             "validate_rank1": validate_rank1}
 
 
 if __name__ == "__main__":

@@ -127,6 +127,37 @@ def test_a_point_that_raises_is_skipped_and_the_rest_decide():
     assert op.last_call.point == {"chunks": 4} and calls.count(2) == 1
 
 
+@pytest.mark.parametrize("user_reference", [False, True])
+def test_validate_makes_a_point_whose_result_differs_invalid(tmp_path, user_reference):
+    calls: list[int] = []
+
+    @autotune(config_space=[{"chunks": 1}, {"chunks": 2}, {"chunks": 4}], early_stop=False, validate=True,
+              reference=(lambda x: x * 2) if user_reference else None, **FAST)
+    def op(x: torch.Tensor, *, chunks: int) -> torch.Tensor:
+        calls.append(chunks)
+        y = x.clone()
+        n = y.numel() // chunks
+        for c in range(1 if chunks == 2 else chunks):  # chunks=2 forgets its second half, and is fastest
+            double_[grid(n)](y[c * n:(c + 1) * n], n)
+        spend(COST[chunks])
+        return y
+
+    x = torch.arange(64, dtype=torch.float32, device=DEVICE)
+    out = op(x)
+    assert op.last_call.point == {"chunks": 4} and torch.equal(out, x * 2)
+    assert calls.count(2) == 1  # its first execution was its last
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    points = [(e["point"], e["ok"]) for e in events if e["event"] == "validation" and e.get("kind") == "point"]
+    # Without a reference function, point 0's first execution is the reference itself.
+    assert points == ([(0, True)] if user_reference else []) + [(1, False), (2, True)]
+    (failed,) = [e for e in events if e["event"] == "point-failed"]
+    assert failed["point"] == 1 and "validation: 50.00% of elements differ" in failed["failures"]["0"]
+    # The kernels under each point were validated too, config by config; all of them are right.
+    kernels = [e for e in events if e["event"] == "validation" and e.get("kind") != "point"]
+    assert kernels and all(e["ok"] for e in kernels)
+    assert {e["key"][0] for e in kernels} == {64, 16}  # chunks=1 and chunks=4; chunks=2's were dropped
+
+
 def test_bad_spaces_and_clashing_arguments_are_named():
     with pytest.raises(InvalidOptionError, match="list of dicts"):
         autotune(config_space=[1, 2])(lambda x, chunks: x)

@@ -17,7 +17,7 @@ def _same_on_every_rank(rows: list[dict], *fields: str) -> None:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_rank_takes_the_max_consensus_point_and_a_point_failing_on_one_rank_is_skipped(world, tmp_path):
-    results = run_ranks(world, ["consensus", "fails_on_rank1"], tmp_path, worker="function_worker.py")
+    results = run_ranks(world, ["consensus", "fails_on_rank1", "wrong_on_rank1"], tmp_path, worker="function_worker.py")
     rows = results["consensus"]
     _same_on_every_rank(rows, "point", "executions", "kernels", "out")
     # Alone, rank 0 would take chunks=1 and rank 1 chunks=2; their MAX makes chunks=4 the fastest.
@@ -28,6 +28,11 @@ def test_every_rank_takes_the_max_consensus_point_and_a_point_failing_on_one_ran
     _same_on_every_rank(rows, "point", "executions", "out")
     assert rows[0]["point"] == {"chunks": 4} and rows[0]["out"] == [2.0] * 4
     # The failing point ran once on every rank; then no rank ran it again.
+    assert all(row["calls"].count(2) == 1 for row in rows)
+    # validate=True: chunks=2's result is wrong on rank 1 alone; every rank drops it after one run.
+    rows = results["wrong_on_rank1"]
+    _same_on_every_rank(rows, "point", "executions", "out")
+    assert rows[0]["point"] == {"chunks": 4} and rows[0]["out"] == [2.0] * 4
     assert all(row["calls"].count(2) == 1 for row in rows)
 
 

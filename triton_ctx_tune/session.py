@@ -481,7 +481,10 @@ class Session:
         self._finish_precompiles(void=bool(failures))
         self.timer.sync()
         if failures:
-            self._point_failed(a, failures)
+            self._point_failed(a, "; ".join(f"rank {r}: {m}" for r, m in sorted(failures.items())),
+                               {str(r): m for r, m in failures.items()})
+            return False
+        if self.validator is not None and self._point_invalid(a, output):
             return False
         if a.measured is not None and clean:
             self._take_step_sample(a, sample)
@@ -563,15 +566,33 @@ class Session:
                        kind="point" if isinstance(m, PointTunable) else "kernel", iteration=slot.iteration,
                        timed=slot.timed, ms=ms, failure=m.failures.get(slot.config))
 
-    def _point_failed(self, a: Assignment, failures: dict[int, str]) -> None:
+    def _point_invalid(self, a: Assignment, output: Any) -> bool:
+        """Validate a point by its first execution, in which every kernel runs its first config, as in
+        the reference: a point whose result differs fails on every rank, like one that raises."""
+        pts, v = self.search.points, self.validator
+        assert v is not None
+        if pts is None or a.point is None or a.point in pts.seen or a.fixed or v.reference is None:
+            return False  # (point 0's first execution is, or precedes, the reference when none is given)
+        check = v.check(output)
+        mine = {} if check.ok else {a.point: f"validation: {check.describe()}"}
+        shared = self.comm.share_failures(mine, len(pts.configs), "share point validation results")
+        self._ensure_header()
+        ok = a.point not in shared
+        self.log.write("validation", f"validation point#{a.point} {a.kwargs} " + ("ok" if ok else f"INVALID {shared[a.point]}"),
+                       kind="point", point=a.point, kwargs=_plain_point(a.kwargs), ok=ok, reason=shared.get(a.point),
+                       mine=check.ok, max_abs=check.max_abs, max_rel=check.max_rel, mismatch_ratio=check.mismatch_ratio)
+        if not ok:
+            self._point_failed(a, shared[a.point], {str(self.comm.rank): mine[a.point]} if mine else {})
+        return not ok
+
+    def _point_failed(self, a: Assignment, reason: str, failures: dict[str, str]) -> None:
         pts = self.search.points
         assert pts is not None and a.point is not None
-        reason = "; ".join(f"rank {r}: {m}" for r, m in sorted(failures.items()))
         pts.fail(a.point, reason)
         self.search.abandon(a.point)
         self._ensure_header()
         self.log.write("point-failed", f"point#{a.point} {a.kwargs} failed: {reason}", point=a.point,
-                       kwargs=_plain_point(a.kwargs), failures={str(r): m for r, m in failures.items()})
+                       kwargs=_plain_point(a.kwargs), failures=failures)
         self.progress.clear()
         self.log.summary(f"{self.function}: point {a.kwargs} failed, skipped on every rank ({reason})")
         if len(pts.failures) == len(pts.configs):

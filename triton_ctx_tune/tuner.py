@@ -69,11 +69,11 @@ class ContextualAutotuner(Generic[R]):
                 result = self.fn(*args, **kwargs) if point is None else self.fn(*args, **{**point, **kwargs})
                 session = call.session
                 if session is not None:  # a key was not tuned: the call became a tuning call
-                    if session.validator is not None and call.opts.reference is not None:
-                        session.validator.set_reference(call.opts.reference(*args, **kwargs))
+                    _user_reference(call, args, kwargs)
                     if not session.end_step(output=result):
                         result = session.finish(self._executor(args, kwargs, point))
             else:
+                _user_reference(call, args, kwargs)
                 result = session.finish(self._executor(args, kwargs, point))
         except BaseException as e:
             if isinstance(e, Exception):
@@ -89,6 +89,13 @@ class ContextualAutotuner(Generic[R]):
         """One execution of the function for a step, with that step's point (if any) as keywords."""
         fixed = point or {}
         return lambda step_point: self.fn(*args, **{**fixed, **step_point, **kwargs})
+
+
+def _user_reference(call: Call, args: tuple, kwargs: dict[str, Any]) -> None:
+    """validate=True with reference=: what the configs' results are checked against."""
+    session = call.session
+    if session is not None and session.validator is not None and call.opts.reference is not None:
+        session.validator.set_reference(call.opts.reference(*args, **kwargs))
 
 
 @overload
