@@ -64,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", help="JSON file (default benchmarks/results/clients/clients-<arm>-<world>ranks.json; "
                                  "with --merge: where the merged JSON goes, none if absent)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--early-workers", action="store_true",
+                   help="ours: start the compile worker processes when the job starts (start_compile_workers()), "
+                        "before the libraries are imported, as a training script would during its set-up")
     p.add_argument("--small", action="store_true", help="tiny shapes (a quick functional run, not the benchmark)")
     p.add_argument("--step-iters", type=int, default=10, help="timed steady-state steps per client (default 10)")
     p.add_argument("--keep-triton-cache", action="store_true",
@@ -194,6 +197,10 @@ def run_job(args: argparse.Namespace, cache: dict[str, Any]) -> int:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
         torch.cuda.set_device(local)  # before the libraries' imports, which query the current device
+    if args.early_workers and args.arm == "ours":
+        from triton_ctx_tune import start_compile_workers
+
+        start_compile_workers()  # they boot while the libraries import and the model is built
     import_libraries(specs)
     backend = os.environ.get("TRITON_CTX_TUNE_BACKEND") or ("nccl" if cuda else "gloo")
     if cuda:
@@ -221,7 +228,7 @@ def run(args: argparse.Namespace, ranks: Any, specs: list[Any], cache: dict[str,
     default_out = ROOT / "benchmarks" / "results" / "clients" / f"clients-{args.arm}-{ranks.world}ranks.json"
     out = Path(args.out) if args.out else default_out
     meta = {**provenance(ranks), "arm": args.arm, "clients": [s.name for s in specs], "small": args.small,
-            "seed": args.seed, "step_iters": args.step_iters, "libraries": library_versions(specs),
+            "seed": args.seed, "step_iters": args.step_iters, "early_workers": args.early_workers, "libraries": library_versions(specs),
             "triton_cache": {**cache, "entries_at_start_per_rank": ranks.gather(cache["entries_at_start"])},
             "env": {k: os.environ.get(k) for k in REPORTED_ENV}}
     ranks.log(f"run_clients: arm={args.arm} clients={meta['clients']} world={ranks.world} gpu={meta['gpu']} "
