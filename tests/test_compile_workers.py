@@ -64,8 +64,10 @@ def _run(scenarios: tuple[str, ...], cache: str, **extra: str) -> dict[str, dict
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory) -> dict[str, dict[str, Any]]:
     # LOCAL_RANK 1 of 2: the split scenario's precompile compiles configs 1 and 3 of 4 first.
-    return _run(("reuse", "split", "fallback"), str(tmp_path_factory.mktemp("triton-cache")),
-                LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")
+    marker = tmp_path_factory.mktemp("preload") / "pids"
+    rows = _run(("reuse", "split", "fallback"), str(tmp_path_factory.mktemp("triton-cache")),
+                LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", PRELOAD_MARKER=str(marker))
+    return {**rows, "preloaded": {"pids": sorted(int(p) for p in marker.read_text().split())}}
 
 
 def test_workers_compile_real_binaries_that_the_parent_then_finds(healthy):
@@ -83,6 +85,8 @@ def test_workers_compile_real_binaries_that_the_parent_then_finds(healthy):
 def test_workers_start_once_and_serve_every_later_key(healthy):
     pids = healthy["reuse"]["pids"]
     assert len(pids) == 2 and len(set(pids)) == 2 and os.getpid() not in pids
+    # start_compile_workers(preload=...) had each of them import the kernels' module while it started.
+    assert healthy["preloaded"]["pids"] == sorted(pids)
     for name in ("reuse", "split", "fallback"):
         assert healthy[name]["pids"] == pids, name
     assert healthy["reuse"]["pids_after"] == healthy["split"]["pids_after"] == pids

@@ -34,7 +34,7 @@ from tests import worker_kernels as W  # noqa: E402
 from tests.kernels import block_configs  # noqa: E402
 from triton_ctx_tune import precompile as P  # noqa: E402
 from triton_ctx_tune.collectives import Collectives  # noqa: E402
-from triton_ctx_tune.compile_workers import get_pool  # noqa: E402
+from triton_ctx_tune.compile_workers import get_pool, start_compile_workers  # noqa: E402
 from triton_ctx_tune.state import KeyState  # noqa: E402
 
 P.load_binary = lambda kernel: None  # loading onto a GPU is the one step this machine cannot take
@@ -101,6 +101,8 @@ def parent_hits(at: Any, n: int, blocks: list[int], **kwargs: Any) -> int:
 
 
 def scenario(name: str) -> dict[str, Any]:
+    # As a training script would during its set-up; later scenarios find the same pool.
+    start_compile_workers(2, preload=("tests.preload_marker",))
     pool = get_pool(2)
     assert pool.wait_ready(240), "workers did not start"
     pids = pool.pids()

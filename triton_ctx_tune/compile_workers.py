@@ -286,9 +286,13 @@ def started_workers() -> int:
         return _pool.size if _pool is not None and _pool.owner == os.getpid() else 0
 
 
-def start_compile_workers(size: int | None = None) -> None:
+def start_compile_workers(size: int | None = None, preload: tuple[str, ...] = ()) -> None:
     """Start this process's compile workers now, so that their start-up overlaps the program's own (model
-    construction, data loading) instead of the first tuning call. Optional: tuning starts them when needed."""
+    construction, data loading) instead of the first tuning call. Optional: tuning starts them when needed.
+
+    `preload`: the modules that define your kernels (e.g. ``("fla.ops.simple_gla",)``), imported by each
+    worker while it starts; otherwise a worker imports a kernel's module at its first job.
+    """
     from .compat import interpret_mode
     from .options import env_compile_workers
 
@@ -298,7 +302,7 @@ def start_compile_workers(size: int | None = None) -> None:
     if n is None:
         n = default_workers()
     if n > 0:
-        get_pool(n)
+        get_pool(n, tuple(preload))
 
 
 def shutdown() -> None:

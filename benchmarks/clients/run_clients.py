@@ -200,7 +200,8 @@ def run_job(args: argparse.Namespace, cache: dict[str, Any]) -> int:
     if args.early_workers and args.arm == "ours":
         from triton_ctx_tune import start_compile_workers
 
-        start_compile_workers()  # they boot while the libraries import and the model is built
+        # They boot, importing the libraries' kernels, while this process does the same and builds the model.
+        start_compile_workers(preload=tuple(s.import_name for s in specs))
     import_libraries(specs)
     backend = os.environ.get("TRITON_CTX_TUNE_BACKEND") or ("nccl" if cuda else "gloo")
     if cuda:
