@@ -87,3 +87,28 @@ def test_keys_met_in_one_execution_compile_side_by_side(tmp_path):
     assert [e["event"] for e in events if e["event"] in ("decision",)] == ["decision", "decision"]
     for k in (kernel_a, kernel_b):
         autotuner(k).cache.clear()
+
+
+def test_when_the_first_config_fails_the_execution_that_met_the_key_runs_the_next_one(tmp_path):
+    from tests.kernels import limited_add_one_
+
+    results: list[torch.Tensor] = []
+
+    @contextual_autotune(n_warmup=1, n_repeat=2, early_stop=False, cache=False, log_dir=tmp_path)
+    def op(x: torch.Tensor) -> torch.Tensor:
+        h = x.clone()
+        limited_add_one_[grid(h.numel())](h, h.numel(), LIMIT=64)
+        results.append(h)
+        return h
+
+    x = torch.arange(100, dtype=torch.float32, device=DEVICE)
+    torch.testing.assert_close(op(x), x + 1)
+    assert chosen(limited_add_one_) == {(100, "torch.float32"): 64}
+    # BLOCK 128 cannot compile. The first execution's launch fell back to the next config, so even that
+    # execution's result is whole; no later slot tried BLOCK 128 again.
+    torch.testing.assert_close(results[0], x + 1)
+    events = [json.loads(line) for line in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
+    first, *rest = [e for e in events if e["event"] == "slot" and e["config_index"] == 0]
+    assert first["step"] == 1 and not first["timed"] and first["ran"] == 1 and "BLOCK over LIMIT" in first["failure"]
+    assert rest and all(e["failure"].startswith("skipped") for e in rest)
+    autotuner(limited_add_one_).cache.clear()

@@ -382,6 +382,16 @@ class Session:
             if ok:
                 record.ran = index
                 return out
+        if state.compiling is not None:
+            # Met in this step, its first config failed, and no other has run yet: the first that
+            # compiles keeps the execution whole (the step's end still shares every failure).
+            for index in range(len(state.configs)):
+                if index not in state.failures:
+                    ok, out = self._try_launch(state, index, args, kwargs)
+                    if ok:
+                        state.works.add(index)
+                        record.ran = index
+                        return out
         return None
 
     # ---- steps --------------------------------------------------------------------------------
