@@ -59,14 +59,3 @@ def test_screening_then_interleaved_measurement_of_survivors():
     assert [s.take_slot() for _ in range(6)] == [
         Slot(0, 2, False), Slot(2, 2, False), Slot(0, 3, True), Slot(2, 3, True), Slot(0, 4, True), Slot(2, 4, True)]
     assert s.exhausted
-
-
-def test_screening_keeps_configs_within_the_factor_and_at_most_the_fastest_few():
-    from triton_ctx_tune.state import most_survivors, screen
-
-    times = [2.0, 1.0, 1.1, math.inf, 1.6, 1.2, 1.05, 1.3, 1.4]
-    assert screen(times, 1.5) == [1, 2, 5, 6, 7, 8] and screen(times, 1.25) == [1, 2, 5, 6]
-    # The fastest `most`, in config order; a tie goes to the lower index.
-    assert screen(times, 1.5, most=3) == [1, 2, 6] and screen([1.0, 1.0, 1.0], 1.5, most=2) == [0, 1]
-    assert screen([math.inf, math.nan], 1.5, most=2) == []
-    assert [most_survivors(n) for n in (2, 3, 16, 17, 18, 48, 100)] == [4, 4, 4, 5, 5, 7, 10]

@@ -31,7 +31,7 @@ from .progress import Progress, steps_left
 from .quarantine import Quarantine
 from . import precompile
 from .search import Assignment, PointTunable, Search
-from .state import KeyState, Slot, SlotRecord, Tunable, most_survivors, pick_winner, screen
+from .state import KeyState, Slot, SlotRecord, Tunable, pick_winner, screen
 from .timing import CudaEventTimer, CudaGraphTimer, HostTimer, make_timer
 from .validate import Validator
 
@@ -659,8 +659,7 @@ class Session:
         for i, s in enumerate(finishing):
             times = [math.inf if j in s.dropped else t for j, t in enumerate(reduced[i, : len(s.configs), 0].tolist())]
             winner = pick_winner(times)
-            most = most_survivors(len(s.configs)) if isinstance(s, KeyState) else None
-            chosen = screen(times, self.early_stop, most) if s.screening and self.early_stop else (
+            chosen = screen(times, self.early_stop) if s.screening and self.early_stop else (
                 [] if winner is None else [winner])
             keep[i, chosen] = 1
         keep = self.comm.broadcast_from_root(keep, "broadcast decisions")

@@ -204,22 +204,10 @@ def pick_winner(times: list[float]) -> int | None:
     return best
 
 
-def screen(times: list[float], factor: float, most: int | None = None) -> list[int]:
-    """Configs whose screening time is finite and within `factor` of the best one; the fastest `most` of them."""
+def screen(times: list[float], factor: float) -> list[int]:
+    """Configs whose screening time is finite and within `factor` of the best one."""
     finite = [t for t in times if math.isfinite(t)]
     if not finite:
         return []
     limit = factor * min(finite)
-    kept = [i for i, t in enumerate(times) if math.isfinite(t) and t <= limit]
-    if most is not None and len(kept) > most:
-        kept = sorted(sorted(kept, key=lambda i: (times[i], i))[:most])
-    return kept
-
-
-def most_survivors(n_configs: int) -> int:
-    """How many of a kernel's configs may survive its screening: max(4, ceil(sqrt(n))).
-
-    Large spaces hold many near-equal configs (28 of FLA's 48 chunk_fwd_kernel_h configs lie within
-    1.5x of the best), and every survivor costs n_repeat - 1 more executions of the whole function.
-    """
-    return max(4, math.ceil(math.sqrt(n_configs)))
+    return [i for i, t in enumerate(times) if math.isfinite(t) and t <= limit]
