@@ -117,3 +117,26 @@ def test_config_out_of_shared_memory_is_excluded(tmp_path):
     (pre,) = [e for e in _events(tmp_path) if e["event"] == "precompile"]
     assert "OutOfResources" in pre["failures"]["0"]  # found when loading, before its first slot
     autotuner(_matmul).cache.clear()
+
+
+def test_a_head_start_keeps_the_hosts_launch_latency_out_of_an_end_to_end_sample():
+    """What run_step's head start does for an end-to-end sample: the host's time between launches (here
+    a 3 ms pause) is inside the span when the GPU starts idle, and hidden when the GPU first sleeps."""
+    import time
+
+    timer = timing.CudaEventTimer(flush_l2=False)
+    x = torch.ones(1 << 16, device="cuda")
+
+    def sample(head_start_s: float) -> float:
+        torch.cuda.synchronize()
+        token = timer.start(flush=False, head_start_s=head_start_s)
+        x.add_(1)
+        time.sleep(0.003)  # the host preparing the next launch
+        x.add_(1)
+        done = timer.stop(token)
+        torch.cuda.synchronize()
+        return done()
+
+    idle, ahead = sample(0.0), sample(0.010)
+    assert idle >= 2.5 and ahead < 1.0, (idle, ahead)
+    assert torch.equal(x, torch.full_like(x, 5.0))

@@ -36,6 +36,9 @@ from .timing import CudaEventTimer, CudaGraphTimer, HostTimer, make_timer
 from .validate import Validator
 
 
+HEAD_START_MAX_S = 0.02  # the longest the GPU waits before an end-to-end sample (run_step)
+
+
 @dataclass
 class TunedKey:
     kernel: str
@@ -92,6 +95,7 @@ class Session:
         # Autograd runs a backward's launches on its own thread while the caller waits, and a
         # function may launch from threads it starts (resolver.carry): one launch at a time.
         self._lock = threading.RLock()
+        self._host_s = 0.0  # the host side of the last execution (run_step): an end-to-end sample's head start
 
     # Built on first use: a call whose keys are all in Autotuner.cache needs none of them, and a
     # tuned function called in a hot loop should cost little more than the function itself.
@@ -418,10 +422,14 @@ class Session:
         if a.measured is not None and a.timed:
             # The function's own collectives would charge one rank's late start to the others' time.
             self.comm.barrier("line the ranks up before an end-to-end step")
-            token = self.timer.start(flush=True)
+            # Right after the barrier the GPU is idle, and a sample would include the host's time to
+            # enqueue each launch, which a busy program hides: points with more launches would look
+            # slower than they run. So the GPU first waits about as long as the last execution's host side.
+            token = self.timer.start(flush=True, head_start_s=min(1.25 * self._host_s + 5e-5, HEAD_START_MAX_S))
         pts = self.search.points
         installed = self._install_step_configs(a) if token is not None else []
         self.lean = bool(installed)
+        began = time.perf_counter()
         try:
             result = execute(a.kwargs)
         except Exception as e:
@@ -436,6 +444,7 @@ class Session:
                 else:
                     st.autotuner.cache[st.key] = st.configs[st.winner]
         sample = self.timer.stop(token) if token is not None else None
+        self._host_s = time.perf_counter() - began
         return self.end_step(sample, output=result), result
 
     def finish(self, execute: Callable[[dict[str, Any]], Any]) -> Any:

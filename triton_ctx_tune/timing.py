@@ -27,13 +27,32 @@ def _flush_l2() -> None:
     buf.zero_()
 
 
+_sleep_rates: dict[int, float] = {}  # device -> torch.cuda._sleep cycles per second
+
+
+def _sleep_cycles_per_second() -> float:
+    """Measured once per device (one synchronize): the GPU's clock, as torch.cuda._sleep counts it."""
+    dev = torch.cuda.current_device()
+    rate = _sleep_rates.get(dev)
+    if rate is None:
+        cycles = 2_000_000
+        torch.cuda._sleep(1000)
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        rate = _sleep_rates[dev] = cycles / max(begin.elapsed_time(end) / 1e3, 1e-6)
+    return rate
+
+
 class HostTimer:
     kind = "host"
     # A class attribute, so that a test can add a config's declared cost to the span it measures
     # (tests/kernels.py) and order configs by margins that the host's scheduling noise cannot flip.
     clock: Callable[[], float] = staticmethod(time.perf_counter)
 
-    def start(self, flush: bool) -> float:
+    def start(self, flush: bool, head_start_s: float = 0.0) -> float:
         return self.clock()
 
     def stop(self, token: float) -> Callable[[], float]:
@@ -50,9 +69,14 @@ class CudaEventTimer:
     def __init__(self, flush_l2: bool) -> None:
         self.flush_l2 = flush_l2
 
-    def start(self, flush: bool) -> torch.cuda.Event:
+    def start(self, flush: bool, head_start_s: float = 0.0) -> torch.cuda.Event:
+        """Record the start on the current stream. `head_start_s`: keep the GPU busy that long first
+        (torch.cuda._sleep), so that the host enqueues what follows ahead of the GPU, as it does in a
+        busy program, and the span measures the GPU's work rather than the host's launch latency."""
         if flush and self.flush_l2:
             _flush_l2()
+        if head_start_s > 0:
+            torch.cuda._sleep(int(head_start_s * _sleep_cycles_per_second()))
         ev = torch.cuda.Event(enable_timing=True)
         ev.record(torch.cuda.current_stream())
         return ev
