@@ -4,14 +4,13 @@ A step is one execution of the tuned function. A new (kernel, key) is first look
 persistent cache (cache.py: rank 0 answers for everyone) and otherwise precompiled
 (precompile.py); then every launch of it takes that key's next slot. At the end of the step,
 ranks check that they agree on what they tune, and the keys whose planned slots ran out are
-decided together: their timings are gathered from every rank and reduced, and the group's rank 0
-broadcasts either the survivors of a screening pass or the winner.
+decided together (decisions.py): their timings are gathered from every rank and reduced, and the
+group's rank 0 broadcasts either the survivors of a screening pass or the winner.
 """
 from __future__ import annotations
 
 import functools
 import json
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ import torch
 from .cache import Lookup, TuningCache, entry_id, identity, resolve_dir
 from .collectives import Collectives
 from .compat import (Autotuner, compile_only, config_failure_reason, config_str, kernel_name, launch_cached, launch_config,
-                     notify_listener, prune_configs, reset_before_final_launch, restores, tuning_key)
+                     prune_configs, reset_before_final_launch, restores, tuning_key)
 from .errors import CollectiveTimeoutError, CtxTuneError, EmptyConfigSpaceError, NoValidConfigError, RankMismatchError
 from .logs import RankLog, fmt_ms
 from .options import TuneOptions
@@ -30,24 +29,14 @@ from .patch import original_run
 from .progress import Progress, steps_left
 from .quarantine import Quarantine
 from . import precompile
+from .decisions import Decisions, TunedKey, plain_point
 from .search import Assignment, PointTunable, Search
-from .state import KeyState, Slot, SlotRecord, Tunable, pick_winner, screen
+from .state import KeyState, Slot, SlotRecord
 from .timing import CudaEventTimer, CudaGraphTimer, HostTimer, make_timer
 from .validate import Validator
 
 
 HEAD_START_MAX_S = 0.02  # the longest the GPU waits before an end-to-end sample (run_step)
-
-
-@dataclass
-class TunedKey:
-    kernel: str
-    key: tuple
-    config: str
-    ms: float
-    configs: int
-    failed: int
-    point: int | None = None  # the function-level point it was tuned under
 
 
 @dataclass
@@ -87,6 +76,7 @@ class Session:
         self.launched: set[int] = set()  # ids of the states launched in this step
         self.tuning_launches = 0
         self.on_point_decided: Callable[[Session, Any], None] | None = None
+        self.decisions = Decisions(self)
         self.validator = (Validator(opts.atol, opts.rtol, opts.max_mismatch_ratio, opts.compare)
                           if opts.validate else None)
         self.stats = CallStats(function)
@@ -515,7 +505,7 @@ class Session:
         finishing = self.search.finishing()
         if finishing:
             self.progress.clear()  # the decisions print summary lines
-            self._decide(finishing)
+            self.decisions.decide(finishing)
         if self.search.finished:
             for s in self.search.kernels.values():
                 s.reset_pending = True  # the next execution is the final one
@@ -598,7 +588,7 @@ class Session:
         self._ensure_header()
         ok = a.point not in shared
         self.log.write("validation", f"validation point#{a.point} {a.kwargs} " + ("ok" if ok else f"INVALID {shared[a.point]}"),
-                       kind="point", point=a.point, kwargs=_plain_point(a.kwargs), ok=ok, reason=shared.get(a.point),
+                       kind="point", point=a.point, kwargs=plain_point(a.kwargs), ok=ok, reason=shared.get(a.point),
                        mine=check.ok, max_abs=check.max_abs, max_rel=check.max_rel, mismatch_ratio=check.mismatch_ratio)
         if not ok:
             self._point_failed(a, shared[a.point], {str(self.comm.rank): mine[a.point]} if mine else {})
@@ -611,7 +601,7 @@ class Session:
         self.search.abandon(a.point)
         self._ensure_header()
         self.log.write("point-failed", f"point#{a.point} {a.kwargs} failed: {reason}", point=a.point,
-                       kwargs=_plain_point(a.kwargs), failures=failures)
+                       kwargs=plain_point(a.kwargs), failures=failures)
         self.progress.clear()
         self.log.summary(f"{self.function}: point {a.kwargs} failed, skipped on every rank ({reason})")
         if len(pts.failures) == len(pts.configs):
@@ -654,163 +644,10 @@ class Session:
                                timed=slot.timed, ms=r.ms, failure=r.failure, ran=r.ran)
             state.records.clear()
 
-    def _decide(self, finishing: list[Tunable]) -> None:
-        width = max(len(s.configs) for s in finishing)
-        local = torch.full((len(finishing), width, 3), math.inf, dtype=torch.float64)
-        for i, s in enumerate(finishing):
-            local[i, : len(s.configs)] = torch.tensor(s.local_stats(self.opts.stat), dtype=torch.float64)
-        per_rank = self.comm.all_gather(local, "gather timings")  # [world, states, configs, 3]
-        per_rank = torch.nan_to_num(per_rank, nan=math.inf, posinf=math.inf)
-        reduced = per_rank.amax(0) if self.opts.reduce == "max" else per_rank.mean(0)
-        # Rank 0 turns the reduced times into a keep-mask per state (a screening pass's survivors,
-        # or a one-hot winner); broadcasting it makes every rank's schedule and choice identical.
-        keep = torch.zeros((len(finishing), width), dtype=torch.int64)
-        for i, s in enumerate(finishing):
-            times = [math.inf if j in s.dropped else t for j, t in enumerate(reduced[i, : len(s.configs), 0].tolist())]
-            winner = pick_winner(times)
-            chosen = screen(times, self.early_stop) if s.screening and self.early_stop else (
-                [] if winner is None else [winner])
-            keep[i, chosen] = 1
-        keep = self.comm.broadcast_from_root(keep, "broadcast decisions")
-        for i, s in enumerate(finishing):
-            if not bool(keep[i].any()):
-                self._raise_no_valid_config(finishing, i)
-        hold = self.search.hold_screened_kernels()
-        for i, s in enumerate(finishing):
-            kept = keep[i, : len(s.configs)].nonzero().flatten().tolist()
-            times = reduced[i, : len(s.configs)]
-            if isinstance(s, PointTunable):
-                if s.screening:
-                    # Even a single survivor gets its kernels' full tuning, then its timed steps.
-                    s.keep(kept)
-                    for p in kept:
-                        self.search.resume_point(p)
-                    self._log_screen(s, kept, times)
-                else:
-                    self._commit_point(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
-            elif s.screening and len(kept) > 1:
-                if hold and s.point is not None:
-                    s.hold(kept, best=min(kept, key=lambda j: float(times[j, 0])))
-                else:
-                    s.keep(kept)
-                self._log_screen(s, kept, times)
-            else:
-                if s.screening:  # one survivor: it has won
-                    s.dropped = set(range(len(s.configs))) - set(kept)
-                    s.screening = False
-                self._commit(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
-
-    def _log_screen(self, s: Tunable, kept: list[int], times: torch.Tensor) -> None:
-        what = _subject(s)
-        held = " (held until its point survives)" if s.held is not None else ""
-        self.log.write("screen", f"screen {what} kept {len(kept)}/{len(s.configs)} "
-                       f"configs within {self.early_stop:g}x of the best: {kept}{held}", **_subject_fields(s),
-                       kept=kept, factor=self.early_stop, reduced=times[:, 0].tolist(), held=s.held is not None)
-
-    def _commit_point(self, pts: PointTunable, winner: int, reduced: torch.Tensor, per_rank: torch.Tensor) -> None:
-        pts.winner = winner
-        pts.tuning_s = time.perf_counter() - pts.started
-        kernels = self.search.of_point(winner)
-        for s in kernels:
-            if s.decided:  # other points may have put their own winners of the same key there
-                s.autotuner.cache[s.key] = s.configs[s.winner]  # type: ignore[index]
-            elif s.held is not None:
-                s.resume()
-        self.stats.point = dict(pts.configs[winner])
-        times = reduced[:, 0].tolist()
-        finite = sorted(t for j, t in enumerate(times) if math.isfinite(t) and j != winner)
-        margin = finite[0] / times[winner] - 1 if finite and times[winner] > 0 else None
-        how = f"{self.opts.reduce} over {self.comm.world} ranks" if self.comm.world > 1 else "1 rank"
-        self.log.write("point-decision", f"point-decision function={self.function} winner=point#{winner} "
-                       f"{pts.configs[winner]} {fmt_ms(times[winner])} end to end ({self.opts.stat}, {how}); "
-                       f"reduced=[{', '.join(f'{t:.4f}' for t in times)}]",
-                       function=self.function, winner=winner, points=[_plain_point(p) for p in pts.configs],
-                       reduced=times, reduced_q20=reduced[:, 1].tolist(), reduced_q80=reduced[:, 2].tolist(),
-                       per_rank=per_rank.tolist(), margin=margin, screened_out=sorted(pts.dropped),
-                       failures={str(k): v for k, v in pts.failures.items()},
-                       kernels=[{"kernel": s.kernel, "key": list(s.key), "winner": s.winner,
-                                 "config": None if s.winner is None else config_str(s.configs[s.winner])}
-                                for s in kernels],
-                       reduce=self.opts.reduce, stat=self.opts.stat, world=self.comm.world,
-                       executions=self.stats.executions, tuning_s=pts.tuning_s)
-        self.log.summary(f"{self.function}: point {pts.configs[winner]} -> {fmt_ms(times[winner])} end to end "
-                         f"({len(pts.configs)} points, {len(pts.failures)} failed, {len(pts.dropped)} screened out, "
-                         f"{how}, {pts.tuning_s:.2f} s)")
-        if self.on_point_decided is not None:
-            self.on_point_decided(self, {"winner": winner, "reduced": reduced.tolist(), "per_rank": per_rank.tolist()})
-
-    def _commit(self, s: KeyState, winner: int, reduced: torch.Tensor, per_rank: torch.Tensor) -> None:
-        at = s.autotuner
-        s.winner = winner
-        s.tuning_s = time.perf_counter() - s.started
-        best = s.configs[winner]
-        at.cache[s.key] = best
-        at.best_config = best
-        at.configs_timings = {c: reduced[j].tolist() for j, c in enumerate(s.configs)}
-        at.bench_time = s.tuning_s
-        notify_listener(at, s.key, best, at.configs_timings, s.tuning_s)
-        ms = float(reduced[winner, 0])
-        failed = sum(1 for t in reduced[:, 0].tolist() if not math.isfinite(t))
-        self.stats.tuned.append(TunedKey(s.kernel, s.key, config_str(best), ms, len(s.configs), failed, s.point))
-        how = f"{self.opts.reduce} over {self.comm.world} ranks" if self.comm.world > 1 else "1 rank"
-        self.log.write("decision", f"decision kernel={s.kernel} key={s.key!r} winner=config#{winner} {{{config_str(best)}}} "
-                       f"{fmt_ms(ms)} ({self.opts.stat}, {how}); reduced=[{', '.join(f'{t:.4f}' for t in reduced[:, 0].tolist())}]",
-                       kernel=s.kernel, key=list(s.key), point=s.point, end_to_end=s.end_to_end,
-                       winner=winner, winner_config=config_str(best),
-                       configs=[config_str(c) for c in s.configs], reduced=reduced[:, 0].tolist(),
-                       reduced_q20=reduced[:, 1].tolist(), reduced_q80=reduced[:, 2].tolist(),
-                       per_rank=per_rank.tolist(), local_failures={str(k): v for k, v in s.failures.items()},
-                       screened_out=sorted(s.dropped),
-                       reduce=self.opts.reduce, stat=self.opts.stat, world=self.comm.world,
-                       executions=self.stats.executions, tuning_s=s.tuning_s)
-        self.log.summary(f"{self.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
-                         f"({len(s.configs)} configs, {failed} failed, {len(s.dropped)} screened out, {how}, "
-                         f"{s.tuning_s:.2f} s)")
-        lookup = self.misses.pop(id(s), None)
-        if lookup is not None and self.cache is not None:
-            path = self.cache.store(lookup, s.configs, winner, reduced.tolist(), per_rank.tolist(), dict(s.failures),
-                                    {"function": self.function, "executions": self.stats.executions,
-                                     "tuning_s": s.tuning_s, "n_warmup": s.n_warmup, "n_repeat": s.n_repeat})
-            if path is not None:
-                self.log.write("cache-store", f"cache-store kernel={s.kernel} key={s.key!r} -> {path}",
-                               kernel=s.kernel, key=list(s.key), path=str(path), id=lookup.id)
-
-    def _raise_no_valid_config(self, finishing: list[Tunable], i: int) -> None:
-        # Every rank reaches this with the same broadcast winners, so the extra gather is safe.
-        mine = {str(i): {str(c): r for c, r in s.failures.items()} for i, s in enumerate(finishing)}
-        everyone = [json.loads(b) for b in self.comm.all_gather_bytes(json.dumps(mine).encode(), "share failures")]
-        s = finishing[i]
-        failures: dict[str, list[str]] = {}
-        for j, config in enumerate(s.configs):
-            reasons = [f"rank {r}: {e[str(i)][str(j)]}" for r, e in enumerate(everyone) if str(j) in e[str(i)]]
-            text = config_str(config) if isinstance(s, KeyState) else repr(config)
-            failures[text] = reasons or ["no failure recorded, but no finite time either"]
-        self.log.write("error", f"no valid config for {_subject(s)}", **_subject_fields(s), failures=failures)
-        if isinstance(s, KeyState):
-            raise NoValidConfigError(s.kernel, s.key, failures)
-        raise NoValidConfigError(self.function, ("function-level space",), failures)
-
-
 def _warmup_next(state: KeyState) -> bool:
     """Whether the key's next slot is a warm-up of the config its first launch compiles (the step config)."""
     slot = state.peek()
     return slot is not None and not slot.timed and slot.config == state.step_config()
-
-
-def _plain_point(point: dict[str, Any]) -> dict[str, Any]:
-    return {str(k): v if isinstance(v, (bool, int, float, str, type(None))) else repr(v) for k, v in point.items()}
-
-
-def _subject(s: Tunable) -> str:
-    if isinstance(s, KeyState):
-        return f"kernel={s.kernel} key={s.key!r}" + ("" if s.point is None else f" point#{s.point}")
-    return f"function={s.function}" if isinstance(s, PointTunable) else repr(s)
-
-
-def _subject_fields(s: Tunable) -> dict[str, Any]:
-    if isinstance(s, KeyState):
-        return {"kernel": s.kernel, "key": list(s.key), "point": s.point}
-    return {"function": getattr(s, "function", None), "kind": "point"}
 
 
 def _describe_mismatch(everyone: list[dict[str, Any]]) -> str:

@@ -1,0 +1,200 @@
+"""The decisions at a step's end: reduce every rank's timings, let rank 0 choose, and commit.
+
+Rank 0 turns the reduced times into a keep-mask per tunable (a screening pass's survivors, or a
+one-hot winner) and broadcasts it, so every rank's schedule and choice are identical. A kernel's
+winner goes into Triton's Autotuner.cache, the persistent cache and the logs; a function-level
+point's into the call's stats and the logs (function_tuner.py stores it in the function cache).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .compat import config_str, notify_listener
+from .errors import NoValidConfigError
+from .logs import fmt_ms
+from .search import PointTunable
+from .state import KeyState, Tunable, pick_winner, screen
+
+if TYPE_CHECKING:
+    from .session import Session
+
+
+@dataclass
+class TunedKey:
+    kernel: str
+    key: tuple
+    config: str
+    ms: float
+    configs: int
+    failed: int
+    point: int | None = None  # the function-level point it was tuned under
+
+
+class Decisions:
+    """Session's deciding half: it reads the session's tunables, options, collectives and logs."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def decide(self, finishing: list[Tunable]) -> None:
+        session = self.session
+        width = max(len(s.configs) for s in finishing)
+        local = torch.full((len(finishing), width, 3), math.inf, dtype=torch.float64)
+        for i, s in enumerate(finishing):
+            local[i, : len(s.configs)] = torch.tensor(s.local_stats(session.opts.stat), dtype=torch.float64)
+        per_rank = session.comm.all_gather(local, "gather timings")  # [world, states, configs, 3]
+        per_rank = torch.nan_to_num(per_rank, nan=math.inf, posinf=math.inf)
+        reduced = per_rank.amax(0) if session.opts.reduce == "max" else per_rank.mean(0)
+        # Rank 0 turns the reduced times into a keep-mask per state (a screening pass's survivors,
+        # or a one-hot winner); broadcasting it makes every rank's schedule and choice identical.
+        keep = torch.zeros((len(finishing), width), dtype=torch.int64)
+        for i, s in enumerate(finishing):
+            times = [math.inf if j in s.dropped else t for j, t in enumerate(reduced[i, : len(s.configs), 0].tolist())]
+            winner = pick_winner(times)
+            chosen = screen(times, session.early_stop) if s.screening and session.early_stop else (
+                [] if winner is None else [winner])
+            keep[i, chosen] = 1
+        keep = session.comm.broadcast_from_root(keep, "broadcast decisions")
+        for i, s in enumerate(finishing):
+            if not bool(keep[i].any()):
+                self._raise_no_valid_config(finishing, i)
+        hold = session.search.hold_screened_kernels()
+        for i, s in enumerate(finishing):
+            kept = keep[i, : len(s.configs)].nonzero().flatten().tolist()
+            times = reduced[i, : len(s.configs)]
+            if isinstance(s, PointTunable):
+                if s.screening:
+                    # Even a single survivor gets its kernels' full tuning, then its timed steps.
+                    s.keep(kept)
+                    for p in kept:
+                        session.search.resume_point(p)
+                    self._log_screen(s, kept, times)
+                else:
+                    self._commit_point(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
+            elif s.screening and len(kept) > 1:
+                if hold and s.point is not None:
+                    s.hold(kept, best=min(kept, key=lambda j: float(times[j, 0])))
+                else:
+                    s.keep(kept)
+                self._log_screen(s, kept, times)
+            else:
+                if s.screening:  # one survivor: it has won
+                    s.dropped = set(range(len(s.configs))) - set(kept)
+                    s.screening = False
+                self._commit(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
+
+    def _log_screen(self, s: Tunable, kept: list[int], times: torch.Tensor) -> None:
+        session = self.session
+        what = _subject(s)
+        held = " (held until its point survives)" if s.held is not None else ""
+        session.log.write("screen", f"screen {what} kept {len(kept)}/{len(s.configs)} "
+                          f"configs within {session.early_stop:g}x of the best: {kept}{held}", **_subject_fields(s),
+                          kept=kept, factor=session.early_stop, reduced=times[:, 0].tolist(), held=s.held is not None)
+
+    def _commit_point(self, pts: PointTunable, winner: int, reduced: torch.Tensor, per_rank: torch.Tensor) -> None:
+        session = self.session
+        pts.winner = winner
+        pts.tuning_s = time.perf_counter() - pts.started
+        kernels = session.search.of_point(winner)
+        for s in kernels:
+            if s.decided:  # other points may have put their own winners of the same key there
+                s.autotuner.cache[s.key] = s.configs[s.winner]  # type: ignore[index]
+            elif s.held is not None:
+                s.resume()
+        session.stats.point = dict(pts.configs[winner])
+        times = reduced[:, 0].tolist()
+        finite = sorted(t for j, t in enumerate(times) if math.isfinite(t) and j != winner)
+        margin = finite[0] / times[winner] - 1 if finite and times[winner] > 0 else None
+        how = f"{session.opts.reduce} over {session.comm.world} ranks" if session.comm.world > 1 else "1 rank"
+        session.log.write("point-decision", f"point-decision function={session.function} winner=point#{winner} "
+                          f"{pts.configs[winner]} {fmt_ms(times[winner])} end to end ({session.opts.stat}, {how}); "
+                          f"reduced=[{', '.join(f'{t:.4f}' for t in times)}]",
+                          function=session.function, winner=winner, points=[plain_point(p) for p in pts.configs],
+                          reduced=times, reduced_q20=reduced[:, 1].tolist(), reduced_q80=reduced[:, 2].tolist(),
+                          per_rank=per_rank.tolist(), margin=margin, screened_out=sorted(pts.dropped),
+                          failures={str(k): v for k, v in pts.failures.items()},
+                          kernels=[{"kernel": s.kernel, "key": list(s.key), "winner": s.winner,
+                                    "config": None if s.winner is None else config_str(s.configs[s.winner])}
+                                   for s in kernels],
+                          reduce=session.opts.reduce, stat=session.opts.stat, world=session.comm.world,
+                          executions=session.stats.executions, tuning_s=pts.tuning_s)
+        session.log.summary(f"{session.function}: point {pts.configs[winner]} -> {fmt_ms(times[winner])} end to end "
+                            f"({len(pts.configs)} points, {len(pts.failures)} failed, {len(pts.dropped)} screened out, "
+                            f"{how}, {pts.tuning_s:.2f} s)")
+        if session.on_point_decided is not None:
+            session.on_point_decided(session, {"winner": winner, "reduced": reduced.tolist(), "per_rank": per_rank.tolist()})
+
+    def _commit(self, s: KeyState, winner: int, reduced: torch.Tensor, per_rank: torch.Tensor) -> None:
+        session = self.session
+        at = s.autotuner
+        s.winner = winner
+        s.tuning_s = time.perf_counter() - s.started
+        best = s.configs[winner]
+        at.cache[s.key] = best
+        at.best_config = best
+        at.configs_timings = {c: reduced[j].tolist() for j, c in enumerate(s.configs)}
+        at.bench_time = s.tuning_s
+        notify_listener(at, s.key, best, at.configs_timings, s.tuning_s)
+        ms = float(reduced[winner, 0])
+        failed = sum(1 for t in reduced[:, 0].tolist() if not math.isfinite(t))
+        session.stats.tuned.append(TunedKey(s.kernel, s.key, config_str(best), ms, len(s.configs), failed, s.point))
+        how = f"{session.opts.reduce} over {session.comm.world} ranks" if session.comm.world > 1 else "1 rank"
+        session.log.write("decision", f"decision kernel={s.kernel} key={s.key!r} winner=config#{winner} {{{config_str(best)}}} "
+                          f"{fmt_ms(ms)} ({session.opts.stat}, {how}); reduced=[{', '.join(f'{t:.4f}' for t in reduced[:, 0].tolist())}]",
+                          kernel=s.kernel, key=list(s.key), point=s.point, end_to_end=s.end_to_end,
+                          winner=winner, winner_config=config_str(best),
+                          configs=[config_str(c) for c in s.configs], reduced=reduced[:, 0].tolist(),
+                          reduced_q20=reduced[:, 1].tolist(), reduced_q80=reduced[:, 2].tolist(),
+                          per_rank=per_rank.tolist(), local_failures={str(k): v for k, v in s.failures.items()},
+                          screened_out=sorted(s.dropped),
+                          reduce=session.opts.reduce, stat=session.opts.stat, world=session.comm.world,
+                          executions=session.stats.executions, tuning_s=s.tuning_s)
+        session.log.summary(f"{session.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
+                            f"({len(s.configs)} configs, {failed} failed, {len(s.dropped)} screened out, {how}, "
+                            f"{s.tuning_s:.2f} s)")
+        lookup = session.misses.pop(id(s), None)
+        if lookup is not None and session.cache is not None:
+            path = session.cache.store(lookup, s.configs, winner, reduced.tolist(), per_rank.tolist(), dict(s.failures),
+                                       {"function": session.function, "executions": session.stats.executions,
+                                        "tuning_s": s.tuning_s, "n_warmup": s.n_warmup, "n_repeat": s.n_repeat})
+            if path is not None:
+                session.log.write("cache-store", f"cache-store kernel={s.kernel} key={s.key!r} -> {path}",
+                                  kernel=s.kernel, key=list(s.key), path=str(path), id=lookup.id)
+
+    def _raise_no_valid_config(self, finishing: list[Tunable], i: int) -> None:
+        session = self.session
+        # Every rank reaches this with the same broadcast winners, so the extra gather is safe.
+        mine = {str(i): {str(c): r for c, r in s.failures.items()} for i, s in enumerate(finishing)}
+        everyone = [json.loads(b) for b in session.comm.all_gather_bytes(json.dumps(mine).encode(), "share failures")]
+        s = finishing[i]
+        failures: dict[str, list[str]] = {}
+        for j, config in enumerate(s.configs):
+            reasons = [f"rank {r}: {e[str(i)][str(j)]}" for r, e in enumerate(everyone) if str(j) in e[str(i)]]
+            text = config_str(config) if isinstance(s, KeyState) else repr(config)
+            failures[text] = reasons or ["no failure recorded, but no finite time either"]
+        session.log.write("error", f"no valid config for {_subject(s)}", **_subject_fields(s), failures=failures)
+        if isinstance(s, KeyState):
+            raise NoValidConfigError(s.kernel, s.key, failures)
+        raise NoValidConfigError(session.function, ("function-level space",), failures)
+
+
+def plain_point(point: dict[str, Any]) -> dict[str, Any]:
+    return {str(k): v if isinstance(v, (bool, int, float, str, type(None))) else repr(v) for k, v in point.items()}
+
+
+def _subject(s: Tunable) -> str:
+    if isinstance(s, KeyState):
+        return f"kernel={s.kernel} key={s.key!r}" + ("" if s.point is None else f" point#{s.point}")
+    return f"function={s.function}" if isinstance(s, PointTunable) else repr(s)
+
+
+def _subject_fields(s: Tunable) -> dict[str, Any]:
+    if isinstance(s, KeyState):
+        return {"kernel": s.kernel, "key": list(s.key), "point": s.point}
+    return {"function": getattr(s, "function", None), "kind": "point"}
