@@ -270,11 +270,10 @@ class Session:
         if self.opts.resolved_precompile():
             work = (state, args, kwargs, self.comm, self.opts.compile_threads or precompile.default_threads(),
                     self.opts.resolved_compile_timeout(), self.opts.resolved_compile_workers())
-            first = state.peek()
-            if first is not None and not first.timed and first.config == state.step_config():
+            if _warmup_next(state):
                 # The execution goes on with the first config (its own launch compiles it) while the
                 # rest compile behind it; the step's end gathers them (_finish_precompiles).
-                state.compiling = precompile.start(*work, skip=(first.config,))
+                state.compiling = precompile.start(*work, skip=(state.step_config(),))
             else:  # the first slot is timed: every config must be ready before it
                 self._precompiled(state, precompile.precompile(*work))
         return state
@@ -371,21 +370,14 @@ class Session:
 
     def _fallback(self, state: KeyState, record: SlotRecord, args: tuple, kwargs: dict[str, Any]) -> Any:
         """Keep the function running with a config known to work here; skip the launch if none is."""
-        while (index := state.fallback()) is not None:
+        # A key met in this step has run no config yet: then any config that compiles keeps the
+        # execution whole (the step's end still shares every failure).
+        while (index := state.fallback(untried=state.compiling is not None)) is not None:
             ok, out = self._try_launch(state, index, args, kwargs)
             if ok:
+                state.works.add(index)
                 record.ran = index
                 return out
-        if state.compiling is not None:
-            # Met in this step, its first config failed, and no other has run yet: the first that
-            # compiles keeps the execution whole (the step's end still shares every failure).
-            for index in range(len(state.configs)):
-                if index not in state.failures:
-                    ok, out = self._try_launch(state, index, args, kwargs)
-                    if ok:
-                        state.works.add(index)
-                        record.ran = index
-                        return out
         return None
 
     # ---- steps --------------------------------------------------------------------------------

@@ -57,7 +57,6 @@ class Tunable:
     screening: bool = False  # the plan so far is the screening pass; its end is a pruning decision
     dropped: set[int] = field(default_factory=set)
     precompiled: bool = False
-    compiling: Any = None  # precompile.Precompiling while its configs compile behind the step that met it
     winner: int | None = None
     started: float = field(default_factory=time.perf_counter)
     tuning_s: float = 0.0
@@ -65,7 +64,6 @@ class Tunable:
     # survivors wait here, and the screening's best runs meanwhile, until resume() or the end.
     held: list[int] | None = None
     provisional: int | None = None
-
 
     def __post_init__(self) -> None:
         self.samples = [[] for _ in self.configs]
@@ -138,9 +136,12 @@ class Tunable:
         self.failures.setdefault(config, reason)
         self.works.discard(config)
 
-    def fallback(self) -> int | None:
-        """A config already known to work on this rank, to keep the function running."""
+    def fallback(self, untried: bool = False) -> int | None:
+        """A config already known to work on this rank, to keep the function running; with `untried`,
+        when none is, the first config that has not failed."""
         usable = sorted(self.works - self.failures.keys())
+        if not usable and untried:
+            usable = [i for i in range(len(self.configs)) if i not in self.failures]
         return usable[0] if usable else None
 
     def describe(self) -> str:
@@ -170,6 +171,7 @@ class KeyState(Tunable):
     key_id: str = ""  # the cache identity's id: what quarantine records name
     point: int | None = None  # the function-level point it is tuned under (None: no space)
     end_to_end: bool = False  # judged by whole executions (objective="end_to_end"), not per launch
+    compiling: Any = None  # precompile.Precompiling while its configs compile behind the step that met it
 
     def describe(self) -> str:
         """What ranks must agree on before tuning: kernel, key and the pruned configs in order."""
