@@ -18,7 +18,7 @@ OPTIONS = ["is_dist", "n_repeat", "n_warmup", "group", "reduce", "stat", "flush_
            "max_executions", "cache", "cache_dir", "early_stop", "precompile", "compile_threads",
            "compile_workers", "compile_timeout_s",
            "cuda_graph", "quarantine",
-           "slot_timeout_s", "objective", "validate", "reference", "compare", "atol", "rtol",
+           "slot_timeout_s", "objective", "e2e_runs", "validate", "reference", "compare", "atol", "rtol",
            "max_mismatch_ratio"]
 
 
@@ -36,6 +36,8 @@ def test_misspelt_keyword_names_the_closest_option_and_lists_them_all():
     with pytest.raises(UnknownOptionError) as info:
         contextual_autotune(frobnicate=1)
     assert "Did you mean" not in str(info.value) and info.value.closest is None
+    with pytest.raises(InvalidOptionError, match=r"e2e_runs=0 is not valid: expected an int >= 1, or None for the default"):
+        contextual_autotune(e2e_runs=0)
     with pytest.raises(InvalidOptionError, match=r"compile_timeout_s=0 is not valid: expected a number of seconds "
                        r"greater than 0 \(math.inf: no limit\), or None for the default\."):
         contextual_autotune(compile_timeout_s=0)

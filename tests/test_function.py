@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -12,7 +13,8 @@ from tests.kernels import DEVICE, autotuner, chosen, costly, double_, grid, scre
 from triton_ctx_tune import InvalidOptionError, autotune, contextual_autotune
 from triton_ctx_tune.report import build, format_report
 
-FAST = dict(n_warmup=1, n_repeat=2, cache=False)
+# One execution per end-to-end step (the GPU's default is 3): the counts below assume it.
+FAST = dict(n_warmup=1, n_repeat=2, cache=False, e2e_runs=1)
 COST = {1: 30.0, 2: 10.0, 4: 20.0}  # end-to-end ms each point adds: chunks=2 wins
 
 
@@ -77,6 +79,41 @@ def test_points_that_lose_the_screening_never_finish_their_kernels_tuning(tmp_pa
     text = format_report(build(tmp_path / "logs"))
     assert "winner point#1 {'chunks': 2}" in text and "screened out" in text
     assert "under point#1" in text and "under the winner: add_one_ key=(32, 'torch.float32') -> {BLOCK=16" in text
+
+
+@pytest.mark.parametrize("runs, winner", [(3, 2), (1, 4)])
+def test_an_end_to_end_step_runs_back_to_back_and_its_first_run_is_not_a_sample(tmp_path, runs, winner):
+    """chunks=2 is the fastest, except in a run that follows another point's (a one-off cost, like a
+    stream's or a communicator's first use after a switch). Once the screening keeps chunks=2 and 4,
+    their timed steps alternate, so with one run per step every chunks=2 sample pays it."""
+    calls: list[int] = []
+
+    @autotune(config_space=[{"chunks": 1}, {"chunks": 2}, {"chunks": 4}], n_warmup=1, n_repeat=5, cache=False,
+              early_stop=1.5, e2e_runs=runs)
+    def op(x: torch.Tensor, *, chunks: int) -> torch.Tensor:
+        switched = bool(calls) and calls[-1] != chunks
+        calls.append(chunks)
+        n = x.numel() // chunks
+        for c in range(chunks):
+            double_[grid(n)](x[c * n:(c + 1) * n], n)
+        spend({1: 30.0, 2: 10.0, 4: 12.0}[chunks] + (20.0 if chunks == 2 and switched else 0.0))
+        return x
+
+    op(torch.ones(64, device=DEVICE))
+    assert op.last_call.point == {"chunks": winner}
+    assert op.last_call.executions == len(calls)
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    steps = [e for e in events if e["event"] == "step" and e["kind"] == "point"]
+    timed = [e for e in steps if e["timed"]]
+    # Screening: one timed step per point; then 4 more for each survivor (chunks=1 is beyond 1.5x).
+    assert [e["point"] for e in timed].count(1) == 5 and [e["point"] for e in timed].count(0) == 1
+    assert all(len(e["ms"]) == max(runs - 1, 1) for e in timed) and all(e["ms"] == [] for e in steps if not e["timed"])
+    # 28 executions with one run per step (kernel slots, warm-ups, 11 timed steps, the final run):
+    # each timed step adds runs - 1 back-to-back runs, and nothing else changes.
+    assert len(timed) == 11 and len(calls) == 28 + (runs - 1) * len(timed)
+    decision = next(e for e in events if e["event"] == "point-decision")
+    medians = [float(np.median([v for e in timed if e["point"] == p for v in e["ms"]])) for p in (1, 2)]
+    assert decision["reduced"][1:] == pytest.approx(medians)
 
 
 def test_key_fn_separates_tunings_and_prune_fn_drops_points_before_they_run():

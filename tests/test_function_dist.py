@@ -24,6 +24,11 @@ def test_every_rank_takes_the_max_consensus_point_and_a_point_failing_on_one_ran
     assert rows[0]["point"] == {"chunks": 4}
     assert sorted(k[3] for k in rows[0]["kernels"]) == [0, 1, 2]  # each point's key was tuned in its context
     assert rows[0]["out"] == [2.0 * world] * 4  # doubled, then summed over the ranks
+    # Per point: its kernel's 9 slots (9, 5 and 3 executions at 1, 2 and 4 launches each), then an
+    # end-to-end warm-up step and 2 timed steps of 3 back-to-back runs (e2e_runs=3); the final run.
+    calls = rows[0]["calls"]
+    assert [calls.count(c) for c in (1, 2, 4)] == [9 + 1 + 2 * 3, 5 + 1 + 2 * 3, 3 + 1 + 2 * 3 + 1]
+    assert rows[0]["executions"] == len(calls)
     rows = results["fails_on_rank1"]
     _same_on_every_rank(rows, "point", "executions", "out")
     assert rows[0]["point"] == {"chunks": 4} and rows[0]["out"] == [2.0] * 4

@@ -58,6 +58,7 @@ DEFAULT_EARLY_STOP = 1.5
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_COMPILE_TIMEOUT_S = 600.0
 DEFAULT_SLOT_TIMEOUT_S = 600.0
+DEFAULT_E2E_RUNS = 3
 
 
 def _is_factor(value: object) -> bool:
@@ -158,8 +159,15 @@ class TuneOptions:
     # How a kernel's configs are compared: "per_launch" times each launch alone (CUDA events around
     # it); "end_to_end" times whole executions of the function, one key varying per step while the
     # others run their best so far, so that kernels overlapped on different streams are judged
-    # together, contention included. Costs one execution per slot instead of one launch.
+    # together, contention included. Costs one step (e2e_runs executions when timed) per slot instead
+    # of one launch.
     objective: str = "per_launch"
+    # Executions in one end-to-end timed step (a point of a space, or objective="end_to_end"), back
+    # to back on the stream, each between its own CUDA events. The first lines the ranks' GPUs up (a
+    # collective in it waits for the last rank to arrive) and is not a sample; each later one is a
+    # sample taken as in a busy program, the GPU already working when its launches are enqueued.
+    # None: 3 where CUDA events time the step, 1 on the host clock (the interpreter).
+    e2e_runs: int | None = None
     # Output validation (validate.py): each config must reproduce the reference result, or it is
     # invalid on every rank. The reference is the result with every kernel on its first config, or
     # `reference(*args, **kwargs)` when given; `compare(result, reference) -> bool` replaces the
@@ -173,6 +181,9 @@ class TuneOptions:
     max_mismatch_ratio: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.e2e_runs is not None and (isinstance(self.e2e_runs, bool) or not isinstance(self.e2e_runs, int)
+                                          or self.e2e_runs < 1):
+            raise InvalidOptionError("e2e_runs", self.e2e_runs, "an int >= 1, or None for the default")
         for name in ("n_repeat", "n_warmup", "max_executions"):
             value = getattr(self, name)
             lowest = 0 if name == "n_warmup" else 1
@@ -301,6 +312,12 @@ class TuneOptions:
 
     def resolved_quarantine(self) -> bool:
         return _env_flag("TRITON_CTX_TUNE_QUARANTINE", default=True) if self.quarantine is None else self.quarantine
+
+    def resolved_e2e_runs(self, timer_kind: str) -> int:
+        """Executions per end-to-end timed step; timer_kind is timing.py's (the same on every rank)."""
+        if self.e2e_runs is not None:
+            return self.e2e_runs
+        return 1 if timer_kind == "host" else DEFAULT_E2E_RUNS
 
     def resolved_retune(self) -> bool:
         return _env_flag("TRITON_CTX_TUNE_RETUNE")

@@ -400,24 +400,34 @@ class Session:
         searched, an exception from the function is that point's failure, not the call's.
         """
         a = self.begin_step()
-        token: Any = None
-        if a.measured is not None and a.timed:
+        timed = a.measured is not None and a.timed
+        runs = self.opts.resolved_e2e_runs(self.timer.kind) if timed else 1
+        if timed:
             # The function's own collectives would charge one rank's late start to the others' time.
             self.comm.barrier("line the ranks up before an end-to-end step")
-            # Right after the barrier the GPU is idle, and a sample would include the host's time to
-            # enqueue each launch, which a busy program hides: points with more launches would look
-            # slower than they run. So the GPU first waits about as long as the last execution's host side.
-            token = self.timer.start(flush=True, head_start_s=min(1.25 * self._host_s + 5e-5, HEAD_START_MAX_S))
         pts = self.search.points
-        installed = self._install_step_configs(a) if token is not None else []
+        installed = self._install_step_configs(a) if timed else []
         self.lean = bool(installed)
+        samples: list[Callable[[], float]] = []
         began = time.perf_counter()
+        run = 0
         try:
-            result = execute(a.kwargs)
+            for run in range(runs):
+                token = None
+                if timed:
+                    # Right after the barrier the GPU is idle, and a sample would include the host's time
+                    # to enqueue each launch, which a busy program hides: points with more launches would
+                    # look slower than they run. So the GPU first waits about as long as an execution's
+                    # host side. Later runs find the GPU still busy with the one before.
+                    head_start = min(1.25 * self._host_s + 5e-5, HEAD_START_MAX_S) if run == 0 else 0.0
+                    token = self.timer.start(flush=True, head_start_s=head_start)
+                result = execute(a.kwargs)
+                if token is not None:
+                    samples.append(self.timer.stop(token))
         except Exception as e:
             if a.point is None or pts is None or pts.decided:
                 raise
-            return self.end_step(failure=f"{type(e).__name__}: {e}"), None
+            return self.end_step(failure=f"{type(e).__name__}: {e}", runs=run + 1), None
         finally:
             self.lean = False
             for st in installed:  # an undecided key must never be left to Triton's cache
@@ -425,9 +435,9 @@ class Session:
                     st.autotuner.cache.pop(st.key, None)
                 else:
                     st.autotuner.cache[st.key] = st.configs[st.winner]
-        sample = self.timer.stop(token) if token is not None else None
-        self._host_s = time.perf_counter() - began
-        return self.end_step(sample, output=result), result
+        self._host_s = (time.perf_counter() - began) / runs
+        # Of several runs, the first lined the ranks' GPUs up: its time holds their skew, not the function's.
+        return self.end_step(samples[1:] or samples, output=result, runs=runs), result
 
     def finish(self, execute: Callable[[dict[str, Any]], Any]) -> Any:
         """Run steps until the final run; its result."""
@@ -453,10 +463,10 @@ class Session:
             s.autotuner.cache[s.key] = s.configs[index]
         return states
 
-    def end_step(self, sample: Callable[[], float] | None = None, failure: str | None = None,
-                 output: Any = None) -> bool:
-        """Close one execution; True when it ran every kernel with its final config."""
-        self.stats.executions += 1
+    def end_step(self, samples: list[Callable[[], float]] | None = None, failure: str | None = None,
+                 output: Any = None, runs: int = 1) -> bool:
+        """Close one step of `runs` executions; True when it ran every kernel with its final config."""
+        self.stats.executions += runs
         a = self.assignment
         if failure is None:
             for s in self.search.of_point(a.point):
@@ -488,7 +498,7 @@ class Session:
         if self.validator is not None and self._point_invalid(a, output):
             return False
         if a.measured is not None and clean:
-            self._take_step_sample(a, sample)
+            self._take_step_sample(a, samples or [])
         if self.validator is not None:
             self._validation_step(a, output)
         if self.search.points is not None and a.point is not None:
@@ -546,21 +556,21 @@ class Session:
         if self.new_states:
             self.search.plan_validation(self.new_states, user_reference=self.opts.reference is not None)
 
-    def _take_step_sample(self, a: Assignment, sample: Callable[[], float] | None) -> None:
+    def _take_step_sample(self, a: Assignment, samples: list[Callable[[], float]]) -> None:
         m = a.measured
         assert m is not None
         slot = m.take_slot()
         if slot is None:
             return
         ok = slot.config not in m.failures
-        ms = sample() if ok and slot.timed and sample is not None else None
+        ms = [sample() for sample in samples] if ok and slot.timed else []
         if ok:
             m.works.add(slot.config)
-            if ms is not None:
-                m.samples[slot.config].append(lambda: ms)
+            m.samples[slot.config] += [functools.partial(float, v) for v in ms]
         what = (f"point#{slot.config} {a.kwargs}" if isinstance(m, PointTunable)
                 else f"kernel={m.kernel} key={m.key!r} config#{slot.config}")  # type: ignore[attr-defined]
-        result = f"FAILED {m.failures[slot.config]}" if not ok else fmt_ms(ms) if slot.timed else "-"
+        result = (f"FAILED {m.failures[slot.config]}" if not ok else
+                  " ".join(fmt_ms(v) for v in ms) if slot.timed and ms else "-")
         self.log.write("step", f"step {self.stats.executions} end-to-end {what} iter={slot.iteration} "
                        f"{'timed' if slot.timed else 'warmup'} {result}",
                        step=self.stats.executions, point=a.point, config_index=slot.config,

@@ -114,7 +114,7 @@ def contextual_autotune(is_dist: Any = False, n_repeat: int = 5, n_warmup: int =
     n_warmup); the keyword-only options are the fields of TuneOptions (options.py): group,
     reduce, stat, flush_l2, log_dir, quiet, timeout_s, max_executions, cache, cache_dir,
     early_stop, precompile, compile_threads, compile_workers, compile_timeout_s, cuda_graph, quarantine,
-    slot_timeout_s. Also usable bare: ``@contextual_autotune``.
+    slot_timeout_s, objective, e2e_runs, validate, reference, compare, atol, rtol, max_mismatch_ratio. Also usable bare: ``@contextual_autotune``.
     """
     if callable(is_dist):
         return ContextualAutotuner(is_dist, TuneOptions())

@@ -67,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--early-workers", action="store_true",
                    help="ours: start the compile worker processes when the job starts (start_compile_workers()), "
                         "before the libraries are imported, as a training script would during its set-up")
+    p.add_argument("--profile", metavar="DIR",
+                   help="sample every thread's stack during each client's first call on rank 0: DIR/<client>.txt, also printed")
     p.add_argument("--small", action="store_true", help="tiny shapes (a quick functional run, not the benchmark)")
     p.add_argument("--step-iters", type=int, default=10, help="timed steady-state steps per client (default 10)")
     p.add_argument("--keep-triton-cache", action="store_true",
@@ -300,7 +302,10 @@ def run_client(spec: Any, ctx: Any, args: argparse.Namespace, all_modules: tuple
     if ours:
         step = contextual_autotune(is_dist=True, cache=False, log_dir=str(log_dir))(work.step)
 
+    profiler = _profiler(args, ranks)
     out, wall, per_rank = timed(ranks, step)
+    if profiler is not None:
+        _report_profile(profiler, Path(args.profile) / f"{spec.name}.txt")
     first_stats = step.last_call if ours else None
     first_errors = errors(ranks, work, out)
     autotuners = library_autotuners(spec.modules)
@@ -332,6 +337,22 @@ def run_client(spec: Any, ctx: Any, args: argparse.Namespace, all_modules: tuple
         "step_ms": step_ms,
         "ctx_log_dir": str(log_dir) if ours else None,
     }
+
+
+def _profiler(args: argparse.Namespace, ranks: Any) -> Any:
+    """A started stack sampler (every thread) on rank 0 when --profile is given; timed() runs the call next."""
+    if not args.profile or ranks.rank != 0:
+        return None
+    from stack_sampler import StackSampler
+
+    return StackSampler().start()
+
+
+def _report_profile(sampler: Any, path: Path) -> None:
+    text = sampler.stop()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(text, flush=True)
 
 
 if __name__ == "__main__":
