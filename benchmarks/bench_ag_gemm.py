@@ -7,6 +7,7 @@ The op (benchmarks/ag_gemm_ops.py): C_r = all_gather(A) @ B_r, bf16, A [M, K] sp
 the gather cut into `chunks` pieces on a `comm_stream` setup (same | side | side_hi), GEMM chunk j waiting on
 gather j; the GEMM is a @triton.autotune kernel whose key (per-chunk M) changes with chunks. Arms, in one run:
   ours           triton_ctx_tune.autotune(function space) around the op: points and kernel configs tuned jointly
+  ours_e2e       the same with objective="end_to_end": the GEMM's configs judged by whole executions too
   ours_per_kernel  contextual_autotune(is_dist=True) on the op, the function space swept by hand: each point's
                  kernel tuned inside that point, then each point timed as Triton-distributed does
   tdist          Triton-distributed style: every (point, GEMM config) run whole, 5 warm-up + 10 timed runs
@@ -23,6 +24,7 @@ against a float32 torch reference. Rank 0 prints a markdown table and writes <ou
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-ARMS = ("ours", "ours_per_kernel", "tdist", "gemm_alone", "exhaustive")
+ARMS = ("ours", "ours_e2e", "ours_per_kernel", "tdist", "gemm_alone", "exhaustive")
 UNAVAILABLE_OURS = "unavailable (triton_ctx_tune.autotune missing)"
 
 
@@ -195,7 +197,7 @@ def argmin(xs: list[float]) -> int:
 
 # ---- the arms ------------------------------------------------------------------------------------------
 
-def arm_ours(ctx: Ctx, gemm: Any) -> ArmRun:
+def arm_ours(ctx: Ctx, gemm: Any, objective: str | None = None) -> ArmRun:
     import triton_ctx_tune
     from ag_gemm_ops import Point
     from benchlib import rel_fro, timed
@@ -214,7 +216,7 @@ def arm_ours(ctx: Ctx, gemm: Any) -> ArmRun:
     a = ctx.args
     tuned = autotune([p.kwargs() for p in ctx.space], key_fn=key_fn, prune_fn=None, is_dist=True,
                      n_repeat=a.n_repeat, n_warmup=a.n_warmup, quiet=True, log_dir=ctx.log_dir,
-                     objective=a.ours_objective)(ag_gemm)
+                     objective=objective or a.ours_objective)(ag_gemm)
     gemm.cache.clear()
     c, wall, per_rank = timed(ctx.ranks, lambda: tuned(ctx.a, ctx.b))
     stats = tuned.last_call
@@ -352,7 +354,9 @@ def arm_exhaustive(ctx: Ctx, gemm: Any) -> ArmRun:
 
 
 ARM_FUNCS: dict[str, Callable[[Ctx, Any], ArmRun]] = {
-    "ours": arm_ours, "ours_per_kernel": arm_ours_per_kernel, "tdist": arm_tdist, "gemm_alone": arm_gemm_alone,
+    # ours_e2e: the GEMM's configs judged by whole executions too (objective="end_to_end"), as the README
+    # advises for kernels that overlap communication: its chunks run while the next all-gather does.
+    "ours": arm_ours, "ours_e2e": functools.partial(arm_ours, objective="end_to_end"), "ours_per_kernel": arm_ours_per_kernel, "tdist": arm_tdist, "gemm_alone": arm_gemm_alone,
     "exhaustive": arm_exhaustive}
 
 
@@ -508,15 +512,18 @@ def summarize(ctx: Ctx, results: dict[str, dict[str, Any]], tol: float) -> dict[
                      "ratio_to_exhaustive": rec.get("ratio_to_exhaustive"),
                      "rel_err": max(errs) if errs else None, "correct": bool(errs) and max(errs) < tol}
     targets = []
-    ours, exh = rows.get("ours"), rows.get("exhaustive")
-    if ours and exh and ours["status"] == "ok" and exh["status"] == "ok":
+    exh = rows.get("exhaustive")
+    for name in ("ours", "ours_e2e"):
+        ours = rows.get(name)
+        if not (ours and exh and ours["status"] == "ok" and exh["status"] == "ok"):
+            continue
         r = ours["ratio_to_exhaustive"]
-        targets.append({"name": "ours e2e / exhaustive best", "value": r, "goal": "<= 1.02",
+        targets.append({"name": f"{name} e2e / exhaustive best", "value": r, "goal": "<= 1.02",
                         "ok": r is not None and r <= 1.02})
         for phase in ("cold_s", "warm_s"):
             if ours[phase] is not None and exh[phase]:
                 v = ours[phase] / exh[phase]
-                targets.append({"name": f"ours tuning time / exhaustive sweep ({phase[:-2]})", "value": v,
+                targets.append({"name": f"{name} tuning time / exhaustive sweep ({phase[:-2]})", "value": v,
                                 "goal": "< 1/3", "ok": v < 1 / 3})
     return {"rows": rows, "targets": targets, "tolerance": tol}
 

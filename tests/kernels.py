@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.runtime.autotuner import Autotuner
 
-from triton_ctx_tune.timing import HostTimer, make_timer
+from triton_ctx_tune.timing import HostTimer, _sleep_cycles_per_second, make_timer
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SLOW_MS = 15.0
@@ -44,11 +44,14 @@ def _host_timed() -> bool:
 
 
 def spend(ms: float) -> None:
-    """Make the slot that is running measure `ms` more (HOST_COST_SCALE times that on the host clock)."""
+    """Make the slot that is running measure `ms` more (HOST_COST_SCALE times that on the host clock).
+
+    On a GPU the cost is GPU work on the current stream (torch.cuda._sleep), which CUDA events see
+    wherever the host is: a host sleep would be hidden by an end-to-end step's head start."""
     if _host_timed():
         _declared.s = getattr(_declared, "s", 0.0) + ms * HOST_COST_SCALE / 1e3
     else:
-        time.sleep(ms / 1e3)
+        torch.cuda._sleep(int(ms / 1e3 * _sleep_cycles_per_second()))
 
 
 def costly(cost_ms: Callable[[dict[str, Any]], float]) -> Callable[[dict[str, Any]], None]:

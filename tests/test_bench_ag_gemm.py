@@ -91,7 +91,7 @@ def test_ours_per_kernel_tuned_inside_every_point(result):
 
 
 def test_table_names_every_arm(result):
-    for arm in ("ours",) + BASELINE_ARMS:
+    for arm in ("ours", "ours_e2e") + BASELINE_ARMS:
         assert f"| {arm} |" in result["stdout"]
 
 
@@ -101,5 +101,8 @@ def test_ours_joint_tuning(result):
         assert row["status"] == "unavailable (triton_ctx_tune.autotune missing)"
         assert "| ours | unavailable (triton_ctx_tune.autotune missing) |" in result["stdout"]
         pytest.skip("triton_ctx_tune.autotune is not implemented on this branch yet")
-    _assert_arm_correct(result, "ours")
-    assert result["arms"]["ours"]["cold"]["tuning_output_rel_err"] < result["summary"]["tolerance"]
+    for arm in ("ours", "ours_e2e"):
+        _assert_arm_correct(result, arm)
+        assert result["arms"][arm]["cold"]["tuning_output_rel_err"] < result["summary"]["tolerance"]
+    targets = [t["name"] for t in result["summary"]["targets"]]
+    assert "ours_e2e e2e / exhaustive best" in targets and "ours e2e / exhaustive best" in targets

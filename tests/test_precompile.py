@@ -112,3 +112,19 @@ def test_when_the_first_config_fails_the_execution_that_met_the_key_runs_the_nex
     assert first["step"] == 1 and not first["timed"] and first["ran"] == 1 and "BLOCK over LIMIT" in first["failure"]
     assert rest and all(e["failure"].startswith("skipped") for e in rest)
     autotuner(limited_add_one_).cache.clear()
+
+
+def test_the_compiler_hash_every_compile_keys_on_is_primed_once():
+    """Threads that start compiling together would each compute Triton's triton_key() (a hash of
+    libtriton): precompile computes it first, once. Found in this Triton, and cached by it."""
+    import importlib
+
+    from triton_ctx_tune.compat import prime_compiler_hash
+
+    assert prime_compiler_hash()
+    homes = [importlib.import_module(m) for m in ("triton.runtime.cache", "triton.compiler.compiler")]
+    (key,) = {getattr(m, "triton_key") for m in homes if hasattr(m, "triton_key")}
+    assert key.cache_info().currsize == 1
+    hits = key.cache_info().hits
+    prime_compiler_hash()
+    assert key.cache_info().hits == hits + 1

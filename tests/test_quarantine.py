@@ -145,3 +145,28 @@ def test_a_real_device_side_assert_is_quarantined_and_skipped_by_the_next_proces
     assert result["ok"] and result["chosen"] == {"(64, 'torch.float32')": 16}  # 32 would have won
     assert "skipping quarantined configs #1" in second.stderr
 
+
+
+def test_only_a_configs_first_launch_is_noted_and_waited_for(tmp_path, monkeypatch):
+    """Faults and hangs show in a config's first launch; its later slots run without the note (and, on
+    a GPU, without the synchronize that would stall the host after every slot)."""
+    import torch
+
+    from tests.kernels import DEVICE, double_, grid
+    from triton_ctx_tune import contextual_autotune
+    from triton_ctx_tune.quarantine import Quarantine
+
+    noted: list[int] = []
+    begin = Quarantine.begin
+
+    def spy(self: Quarantine, key_id: str, kernel: str, key: tuple, index: int, config: str) -> None:
+        noted.append(index)
+        begin(self, key_id, kernel, key, index, config)
+
+    monkeypatch.setattr(Quarantine, "begin", spy)
+    op = contextual_autotune(n_warmup=1, n_repeat=3, early_stop=False, cache=False, quarantine=True)(
+        lambda x: double_[grid(x.numel())](x, x.numel()))
+    op(torch.ones(64, device=DEVICE))
+    assert op.last_call.executions == 3 * 4 + 1  # 3 configs x (1 warm-up + 3 timed slots), the final run
+    assert noted == [0, 1, 2]
+    assert list((tmp_path / "cache-quarantine").glob("inflight-*")) == []

@@ -30,7 +30,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .compat import LaunchSpec, compile_described, compile_target, config_failure_reason, use_compile_only_driver
+from .compat import (LaunchSpec, compile_described, compile_target, config_failure_reason, prime_compiler_hash,
+                     use_compile_only_driver)
 
 # Seconds a new worker may take to import torch, triton and this package before it is given up on.
 BOOT_TIMEOUT_S = 300.0
@@ -342,6 +343,7 @@ def serve(requests_fd: int, replies_fd: int, parent: int) -> None:
         for module in boot.get("preload", ()):
             with contextlib.suppress(Exception):  # a job for it will report the reason
                 importlib.import_module(module)
+        prime_compiler_hash()  # once, before the first job, rather than inside it
         replies.send("ready")
         while True:
             spec = requests.recv()

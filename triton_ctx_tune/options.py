@@ -149,7 +149,7 @@ class TuneOptions:
     # Time each timed slot as replays of a CUDA graph holding the launch (on clones of its tensors),
     # for kernels deployed under graphs, where launch overhead is gone. Needs a CUDA GPU.
     cuda_graph: bool = False
-    # Note each slot's launch on disk before it runs, so that a config that kills the process is
+    # Note each config's first launch on disk before it runs, so that a config that kills the process is
     # skipped by every later run (quarantine.py). None: TRITON_CTX_TUNE_QUARANTINE, on unless it is 0.
     quarantine: bool | None = None
     # Seconds one slot may run before its rank is declared hung: it names the kernel, key and config on

@@ -36,7 +36,8 @@ from typing import Any, Callable, TypeVar
 import torch
 
 from .collectives import Collectives
-from .compat import compile_only, config_failure_reason, describe_compile, kernel_modules, load_binary
+from .compat import (compile_only, config_failure_reason, describe_compile, interpret_mode, kernel_modules, load_binary,
+                     prime_compiler_hash)
 from .compile_workers import WorkerPool, get_pool
 from .state import KeyState
 
@@ -218,6 +219,9 @@ class Precompiling:
         self.mine = [i for i in local_share(len(state.configs), comm) if i not in skip]
         self.pool = _pool(workers, state)
         self.device = _device()
+        if not interpret_mode():
+            # Here, once: the threads started below, and this execution's own compile, would all compute it.
+            prime_compiler_hash()
         self._outcome: tuple[dict[int, Any], dict[int, str], list[int]] | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None

@@ -1,6 +1,7 @@
 """Quarantine: a config that killed the process while it ran is never tried again.
 
-Before every slot's launch a rank writes what is about to run (kernel, key identity, config)
+Before a config's first launch (session.py notes no later one: a config that faults or hangs on
+these shapes does so there) a rank writes what is about to run (kernel, key identity, config)
 to its own *in-flight* file, atomically; once the launch has completed (on a GPU: after a
 synchronize, so an asynchronous fault is charged to the launch that caused it) the file is
 removed. A process that dies in between (an illegal memory access, a device-side assert, a

@@ -323,20 +323,26 @@ class Session:
             record.failure = "skipped: this config failed in an earlier slot"
         elif slot is not None:
             replay = slot.timed and isinstance(self.timer, CudaGraphTimer)
-            if self.quarantine is not None:
-                self.quarantine.begin(state.key_id, state.kernel, state.key, slot.config,
-                                      config_str(state.configs[slot.config]))
+            # A config's first launch is noted and waited for: a config that faults or hangs does so
+            # there. Its later launches, on the same shapes, run without the note or the synchronize,
+            # which would stall the host after every slot and keep it from running ahead of the GPU.
+            guard = self.quarantine if self.quarantine is not None and slot.config not in state.proven else None
+            if guard is not None:
+                guard.begin(state.key_id, state.kernel, state.key, slot.config, config_str(state.configs[slot.config]))
             token = self.timer.start(flush=True) if slot.timed and not replay else None
             try:
                 ok, out = self._try_launch(state, slot.config, args, kwargs)
             except BaseException:
-                if self.quarantine is not None:
-                    self.quarantine.clear()  # raised on the host: the user's error, not a config that kills
+                if guard is not None:
+                    guard.clear()  # raised on the host: the user's error, not a config that kills
                 raise
-            if self.quarantine is not None:
+            stop = self.timer.stop(token) if ok and token is not None else None
+            if guard is not None:
                 # A device fault surfaces here, as an exception from the synchronize; the record then
                 # stays, and the next run skips the config.
-                self.quarantine.end()
+                guard.end()
+                if ok:
+                    state.proven.add(slot.config)
             result = out
             if ok and replay:
                 at, config = state.autotuner, state.configs[slot.config]
@@ -348,7 +354,7 @@ class Session:
                 state.works.add(slot.config)
                 record.ran = slot.config
                 if slot.timed:
-                    record.sample = out if replay else self.timer.stop(token)
+                    record.sample = out if replay else stop
                     state.samples[slot.config].append(record.sample)
                 return result
         return self._fallback(state, record, args, kwargs)

@@ -172,6 +172,7 @@ class KeyState(Tunable):
     point: int | None = None  # the function-level point it is tuned under (None: no space)
     end_to_end: bool = False  # judged by whole executions (objective="end_to_end"), not per launch
     compiling: Any = None  # precompile.Precompiling while its configs compile behind the step that met it
+    proven: set[int] = field(default_factory=set)  # configs whose launch completed under the quarantine's note
 
     def describe(self) -> str:
         """What ranks must agree on before tuning: kernel, key and the pruned configs in order."""
