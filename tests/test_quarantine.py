@@ -76,14 +76,19 @@ def test_with_two_ranks_a_config_that_killed_rank_1_is_skipped_by_both(tmp_path)
         pytest.skip("needs 2 GPUs or none")
     first = _run(tmp_path, crash="32", world=2, crash_rank=1)
     assert first.returncode != 0
-    assert len(list((tmp_path / "cache-quarantine").glob("inflight-rank1-pid*.json"))) == 1
-    assert not list((tmp_path / "cache-quarantine").glob("inflight-rank0-*"))
+    (record,) = list((tmp_path / "cache-quarantine").glob("inflight-rank1-pid*.json"))
+    assert json.loads(record.read_text())["config"].startswith("BLOCK=32,")
+    # Rank 0 has a record too only if the launcher killed it mid-launch (README: such a rank cannot be
+    # told from one that crashed), and then of the config it was running, which is not BLOCK 32 there.
+    innocent = [json.loads(p.read_text())["config"] for p in (tmp_path / "cache-quarantine").glob("inflight-rank0-*")]
+    assert all(not c.startswith("BLOCK=32,") for c in innocent)
     second = _run(tmp_path, crash="32", world=2, crash_rank=1)
     assert second.returncode == 0, second.stderr[-3000:]
     rows = _rows(tmp_path, 2)
     assert [r["rank"] for r in rows] == [0, 1]
     # Only rank 1 has the record; the gathered quarantine makes rank 0 skip BLOCK 32 too.
-    assert all(r["ok"] and r["chosen"] == {"(64, 'torch.float32')": 16} for r in rows)
+    expected = 16 if not innocent else 64
+    assert all(r["ok"] and r["chosen"] == {"(64, 'torch.float32')": expected} for r in rows)
     assert len({r["executions"] for r in rows}) == 1
     assert "rank 1: quarantined" in second.stderr
 
@@ -129,8 +134,9 @@ def test_the_ranks_waiting_for_a_hung_one_name_the_slots_it_may_hang_in(tmp_path
                 TRITON_CTX_TUNE_TIMEOUT="5")
     assert hung.returncode != 0
     assert "CollectiveTimeoutError: rank 0 of 2" in hung.stderr
-    assert "a rank hung in one of them is the likely cause: add_one_ key=(64, 'torch.float32') config#1 {BLOCK=32" \
-        in hung.stderr
+    # The step that met the key ran, on each rank, the config that rank compiled first: all are named.
+    suspects = hung.stderr.split("a rank hung in one of them is the likely cause: ", 1)[1].split("\n", 1)[0]
+    assert "add_one_ key=(64, 'torch.float32') config#1 {BLOCK=32" in suspects
 
 
 @pytest.mark.gpu

@@ -17,9 +17,10 @@ worker process is killed (a thread that compiles itself is abandoned: left to fi
 never waited for), and so is one whose worker crashes; the gathers make the config invalid on
 every rank.
 
-A key met in the middle of an execution need not hold that execution up: `start()` compiles this
-rank's share in the background, without any collective, while the execution goes on running the
-key's first config (compiled by its own launch). `Precompiling.finish()` is the collective half,
+A key met in the middle of an execution holds that execution up only until one config can run:
+`start()` compiles this rank's share in the background, without any collective, and the execution
+goes on with whichever of them compiles first (`first_ready()`), so it never waits on one config
+that happens to compile slowly (a long ptxas run). `Precompiling.finish()` is the collective half,
 called by every rank at the same point: the end of the step that met the key, after the ranks have
 agreed on what they met. So the keys one execution meets compile side by side instead of each
 waiting for the one before, and a key's slowest config no longer stalls the whole function.
@@ -53,7 +54,7 @@ class Compiled:
     failures: dict[int, str] = field(default_factory=dict)  # config index -> reason (any rank's)
     by_workers: list[int] = field(default_factory=list)  # config indices a worker process compiled
     workers: dict[str, Any] = field(default_factory=dict)  # the pool's state (WorkerPool.status), {} without one
-    by_execution: list[int] = field(default_factory=list)  # compiled by the launch of the step that met the key
+    ran_meanwhile: list[int] = field(default_factory=list)  # configs the step that met the key launched meanwhile
 
 
 def local_share(n_configs: int, comm: Collectives) -> list[int]:
@@ -76,9 +77,11 @@ def _device() -> int | None:
 
 def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
              timeout_s: float, pool: WorkerPool | None = None, device: int | None = None,
-             load: bool = True) -> tuple[dict[int, Any], dict[int, str], list[int]]:
+             load: bool = True, on_ready: Callable[[int], None] | None = None,
+             ) -> tuple[dict[int, Any], dict[int, str], list[int]]:
     """Compile configs `indices` on up to `threads` threads (and `pool`'s workers); `device` is the
-    caller's, since a thread started here (or by start()) begins on device 0."""
+    caller's, since a thread started here (or by start()) begins on device 0; `on_ready(i)` as each
+    config's compile succeeds."""
     if not indices:
         return {}, {}, []
     by_workers: list[int] = []
@@ -97,7 +100,10 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
                     if outcome.failure is not None:
                         return None, outcome.failure  # never compiled here: it may hang or crash this process
                     by_workers.append(i)
-            return compile_only(state.autotuner, [state.configs[i]], args, kwargs)[0], None
+            kernel = compile_only(state.autotuner, [state.configs[i]], args, kwargs)[0]
+            if on_ready is not None:
+                on_ready(i)
+            return kernel, None
         except Exception as e:
             reason = config_failure_reason(e)
             if reason is None:
@@ -211,12 +217,16 @@ class Precompiling:
     collective half (finish), which every rank calls at the same point of the same step."""
 
     def __init__(self, state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,
-                 timeout_s: float, workers: int, skip: tuple[int, ...] = ()) -> None:
+                 timeout_s: float, workers: int) -> None:
         self.state, self.args, self.kwargs = state, args, kwargs
         self.threads, self.timeout_s = threads, timeout_s
         self.started = time.perf_counter()
-        self.skip = sorted(skip)
-        self.mine = [i for i in local_share(len(state.configs), comm) if i not in skip]
+        # Configs already failed (quarantined: they killed a process) are neither compiled nor run.
+        self.mine = [i for i in local_share(len(state.configs), comm) if i not in state.failures]
+        self.ran_meanwhile: list[int] = []  # noted by the session
+        self._ready: list[int] = []
+        self._settled = False
+        self._cond = threading.Condition()
         self.pool = _pool(workers, state)
         self.device = _device()
         if not interpret_mode():
@@ -234,9 +244,25 @@ class Precompiling:
     def _compile_mine(self) -> None:
         try:
             self._outcome = _compile(self.state, self.mine, self.args, self.kwargs, self.threads, self.timeout_s,
-                                     self.pool, self.device, load=False)
+                                     self.pool, self.device, load=False, on_ready=self._on_ready)
         except BaseException as e:  # re-raised by finish(), on the thread that owns the call
             self._error = e
+        finally:
+            with self._cond:
+                self._settled = True
+                self._cond.notify_all()
+
+    def _on_ready(self, index: int) -> None:
+        with self._cond:
+            self._ready.append(index)
+            self._cond.notify_all()
+
+    def first_ready(self) -> int | None:
+        """The first config of this rank's share to finish compiling, waiting for one; None when none
+        of them compiled (all failed, or the share is empty). Which one it is differs between ranks."""
+        with self._cond:
+            self._cond.wait_for(lambda: bool(self._ready) or self._settled)
+            return self._ready[0] if self._ready else None
 
     def finish(self, comm: Collectives) -> Compiled:
         if self._thread is None:
@@ -251,23 +277,22 @@ class Precompiling:
         by_workers = [i for i in by_workers if i not in failures]
         state, n, pool = self.state, len(self.state.configs), self.pool
         failures.update(comm.share_failures(failures, n, "share precompile results"))
-        # The others' binaries (and the skipped configs, compiled by the execution itself) are in the
-        # shared Triton cache now: loading them here is cheap and keeps the load out of the first slot
-        # (compiled here instead when caches are not shared).
-        rest = [i for i in range(n) if i not in self.mine and i not in failures]
+        # The others' binaries are in the shared Triton cache now: loading them here is cheap and keeps
+        # the load out of the first slot (compiled here instead when caches are not shared).
+        rest = [i for i in range(n) if i not in self.mine and i not in failures and i not in state.failures]
         _, more, _ = _compile(state, rest, self.args, self.kwargs, self.threads, self.timeout_s, pool, self.device)
         # A config can fail here alone (a timeout on this rank, a binary this GPU cannot load):
         # share that too, so every rank skips the same configs from the first slot on.
         failures.update(comm.share_failures(more, n, "share load results"))
         return Compiled(self.mine, time.perf_counter() - self.started, failures, by_workers,
-                        {} if pool is None else dict(pool.status(), undescribed=pool.undescribed), self.skip)
+                        {} if pool is None else dict(pool.status(), undescribed=pool.undescribed),
+                        sorted(set(self.ran_meanwhile)))
 
 
 def start(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,
-          timeout_s: float = math.inf, workers: int = 0, skip: tuple[int, ...] = ()) -> Precompiling:
-    """Begin compiling this rank's share of `state`'s configs in the background; `skip`: configs the
-    execution in progress compiles itself (its first launch's)."""
-    return Precompiling(state, args, kwargs, comm, threads, timeout_s, workers, skip).start()
+          timeout_s: float = math.inf, workers: int = 0) -> Precompiling:
+    """Begin compiling this rank's share of `state`'s configs in the background."""
+    return Precompiling(state, args, kwargs, comm, threads, timeout_s, workers).start()
 
 
 def precompile(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,

@@ -195,22 +195,46 @@ class Session:
                 reset_before_final_launch(at, best, args, kwargs)
             return self._known(at, best, args, kwargs)
         a = self.assignment
-        if state.settled or state.end_to_end or a.fixed or (state.compiling is not None and not _warmup_next(state)):
-            # Timed end to end, held after screening, a validation step, or still compiling (no timed
-            # slot while compiles compete for the host): every launch in this step runs the step's
-            # config for this key, untimed.
+        if state.compiling is not None and not a.fixed:
+            return self._while_compiling(state, args, kwargs)
+        if state.settled or state.end_to_end or a.fixed:
+            # Timed end to end, held after screening, or a validation step: every launch in this step
+            # runs the step's config for this key, untimed.
             index = a.config_for(state)
-            if index in state.failures:
-                index = state.step_config()
-            record = SlotRecord(None, None)
-            config = state.configs[index]
-            ok, out = self._try(state, index, lambda: self._known(at, config, args, kwargs))
-            if ok:
-                state.works.add(index)
-                return out
-            return self._fallback(state, record, args, kwargs)
+            return self._untimed(state, state.step_config() if index in state.failures else index,
+                                 SlotRecord(None, None), args, kwargs)
         self.tuning_launches += 1
         return self._run_slot(state, args, kwargs)
+
+    def _while_compiling(self, state: KeyState, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """A launch of a key met in this step: the first of this rank's configs to finish compiling runs.
+
+        It stands in for the key's first slot when that is a warm-up (a loaded config needs no other).
+        Which config it is may differ between ranks, so no timed slot is taken: those start in the next
+        step, with every config compiled and loaded."""
+        assert state.compiling is not None
+        slot = state.peek()
+        stand_in = slot is not None and not slot.timed and not state.end_to_end  # (end-to-end slots are steps)
+        record = SlotRecord(state.take_slot() if stand_in else None, None)
+        if record.slot is not None:
+            state.records.append(record)
+        index = state.compiling.first_ready()
+        if index is not None:
+            state.compiling.ran_meanwhile.append(index)
+        return self._untimed(state, index, record, args, kwargs)
+
+    def _untimed(self, state: KeyState, index: int | None, record: SlotRecord, args: tuple,
+                 kwargs: dict[str, Any]) -> Any:
+        """Run config `index` untimed; if it cannot run here, a config known to work."""
+        if index is not None:
+            config = state.configs[index]
+            ok, out = self._launch_noted(state, index, lambda: self._known(state.autotuner, config, args, kwargs))
+            if ok:
+                state.works.add(index)
+                record.ran = index
+                return out
+            record.failure = out
+        return self._fallback(state, record, args, kwargs)
 
     def _known(self, at: Autotuner, config: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         """A launch whose config is settled: for real in the final run. In a tuning step it runs like a
@@ -270,12 +294,9 @@ class Session:
         if self.opts.resolved_precompile():
             work = (state, args, kwargs, self.comm, self.opts.compile_threads or precompile.default_threads(),
                     self.opts.resolved_compile_timeout(), self.opts.resolved_compile_workers())
-            if _warmup_next(state):
-                # The execution goes on with the first config (its own launch compiles it) while the
-                # rest compile behind it; the step's end gathers them (_finish_precompiles).
-                state.compiling = precompile.start(*work, skip=(state.step_config(),))
-            else:  # the first slot is timed: every config must be ready before it
-                self._precompiled(state, precompile.precompile(*work))
+            # The configs compile behind the execution, which goes on with the first that is ready;
+            # the step's end gathers them (_finish_precompiles).
+            state.compiling = precompile.start(*work)
         return state
 
     def _precompiled(self, state: KeyState, done: precompile.Compiled) -> None:
@@ -283,12 +304,12 @@ class Session:
         state.compiling = None
         for i, reason in sorted(done.failures.items()):
             state.fail(i, reason)
-        by_run = f" (+{len(done.by_execution)} by the execution)" if done.by_execution else ""
+        meanwhile = f" (the execution ran config {done.ran_meanwhile} meanwhile)" if done.ran_meanwhile else ""
         self.log.write("precompile", f"precompile kernel={state.kernel} key={state.key!r} compiled "
-                       f"{len(done.mine)}/{len(state.configs)} configs here{by_run} in {done.seconds:.3f} s, "
-                       f"{len(done.failures)} failed", kernel=state.kernel, key=list(state.key), mine=done.mine,
-                       seconds=done.seconds, failures={str(i): r for i, r in done.failures.items()},
-                       by_workers=done.by_workers, workers=done.workers, by_execution=done.by_execution)
+                       f"{len(done.mine)}/{len(state.configs)} configs here in {done.seconds:.3f} s, "
+                       f"{len(done.failures)} failed{meanwhile}", kernel=state.kernel, key=list(state.key),
+                       mine=done.mine, seconds=done.seconds, failures={str(i): r for i, r in done.failures.items()},
+                       by_workers=done.by_workers, workers=done.workers, ran_meanwhile=done.ran_meanwhile)
 
     def _finish_precompiles(self, void: bool) -> None:
         """The collective half of the step's background compiles, in the order every rank met the keys.
@@ -323,31 +344,18 @@ class Session:
             record.failure = "skipped: this config failed in an earlier slot"
         elif slot is not None:
             replay = slot.timed and isinstance(self.timer, CudaGraphTimer)
-            # A config's first launch is noted and waited for: a config that faults or hangs does so
-            # there. Its later launches, on the same shapes, run without the note or the synchronize,
-            # which would stall the host after every slot and keep it from running ahead of the GPU.
-            guard = self.quarantine if self.quarantine is not None and slot.config not in state.proven else None
-            if guard is not None:
-                guard.begin(state.key_id, state.kernel, state.key, slot.config, config_str(state.configs[slot.config]))
             token = self.timer.start(flush=True) if slot.timed and not replay else None
-            try:
-                ok, out = self._try_launch(state, slot.config, args, kwargs)
-            except BaseException:
-                if guard is not None:
-                    guard.clear()  # raised on the host: the user's error, not a config that kills
-                raise
-            stop = self.timer.stop(token) if ok and token is not None else None
-            if guard is not None:
-                # A device fault surfaces here, as an exception from the synchronize; the record then
-                # stays, and the next run skips the config.
-                guard.end()
-                if ok:
-                    state.proven.add(slot.config)
-            result = out
+            config = state.configs[slot.config]
+
+            def launch() -> tuple[Any, Any]:  # the end event is recorded before any synchronize
+                out = launch_config(state.autotuner, config, args, kwargs)
+                return out, self.timer.stop(token) if token is not None else None
+
+            ok, out = self._launch_noted(state, slot.config, launch)
+            result, stop = out if ok else (None, None)
             if ok and replay:
-                at, config = state.autotuner, state.configs[slot.config]
                 ok, out = self._try(state, slot.config, lambda: self.timer.measure(  # type: ignore[union-attr]
-                    lambda a: launch_config(at, config, a, kwargs), args))
+                    lambda a: launch_config(state.autotuner, config, a, kwargs), args))
             if not ok:
                 record.failure = out
             else:
@@ -362,7 +370,28 @@ class Session:
     def _try_launch(self, state: KeyState, index: int, args: tuple, kwargs: dict[str, Any]) -> tuple[bool, Any]:
         """Launch config `index`: (True, its return value), or (False, the reason) if the config cannot
         run here, which also marks it failed. Any other exception is the user's and propagates."""
-        return self._try(state, index, lambda: launch_config(state.autotuner, state.configs[index], args, kwargs))
+        return self._launch_noted(state, index, lambda: launch_config(state.autotuner, state.configs[index], args, kwargs))
+
+    def _launch_noted(self, state: KeyState, index: int, work: Callable[[], Any]) -> tuple[bool, Any]:
+        """_try(work), under the quarantine's note and followed by its synchronize when it is config
+        `index`'s first launch: a config that faults or hangs on these shapes does so there. Later
+        launches go without, since a synchronize after each would keep the host from running ahead."""
+        guard = self.quarantine if self.quarantine is not None and index not in state.proven else None
+        if guard is not None:
+            guard.begin(state.key_id, state.kernel, state.key, index, config_str(state.configs[index]))
+        try:
+            ok, out = self._try(state, index, work)
+        except BaseException:
+            if guard is not None:
+                guard.clear()  # raised on the host: the user's error, not a config that kills
+            raise
+        if guard is not None:
+            # A device fault surfaces here, as an exception from the synchronize; the record then
+            # stays, and the next run skips the config.
+            guard.end()
+            if ok:
+                state.proven.add(index)
+        return ok, out
 
     def _try(self, state: KeyState, index: int, work: Callable[[], Any]) -> tuple[bool, Any]:
         try:
@@ -525,8 +554,11 @@ class Session:
     def _name_suspects(self, e: CollectiveTimeoutError) -> None:
         """Ranks run the same slots in lockstep: a rank that never reached the step's end was most
         likely hung in one of the slots this rank ran in it (its own SlotHangError names which)."""
-        ran = [f"{st.kernel} key={st.key!r} config#{r.slot.config} {{{config_str(st.configs[r.slot.config])}}}"
-               for st in self.search.kernels.values() for r in st.records if r.slot is not None]
+        # A key met in this step ran, on each rank, whichever config that rank compiled first: any of them.
+        met = {id(st) for st in self.new_states}
+        ran = [f"{st.kernel} key={st.key!r} config#{c} {{{config_str(st.configs[c])}}}"
+               for st in self.search.kernels.values() for r in st.records if r.slot is not None
+               for c in (range(len(st.configs)) if id(st) in met else (r.slot.config,))]
         if ran:
             e.args = (e.args[0] + " The step it waited at the end of ran these slots here; a rank hung in one of "
                       "them is the likely cause: " + "; ".join(dict.fromkeys(ran)),)
@@ -651,12 +683,6 @@ class Session:
                                config_index=slot.config if r.slot else None, iteration=slot.iteration,
                                timed=slot.timed, ms=r.ms, failure=r.failure, ran=r.ran)
             state.records.clear()
-
-def _warmup_next(state: KeyState) -> bool:
-    """Whether the key's next slot is a warm-up of the config its first launch compiles (the step config)."""
-    slot = state.peek()
-    return slot is not None and not slot.timed and slot.config == state.step_config()
-
 
 def _describe_mismatch(everyone: list[dict[str, Any]]) -> str:
     groups: dict[str, list[int]] = {}
