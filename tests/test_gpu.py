@@ -91,7 +91,7 @@ def test_precompile_finds_compile_errors_before_any_slot(tmp_path):
     # The execution that met the key ran a config that had compiled (in config 0's warm-up slot, never a
     # timed one), and no later slot tried config 0.
     first, *rest = [e for e in events if e["event"] == "slot" and e["config_index"] == 0]
-    assert first["step"] == 1 and not first["timed"] and first["ran"] in (1, 2) and pre["ran_meanwhile"] == [first["ran"]]
+    assert first["step"] == 1 and not first["timed"] and first["ran"] not in (None, 0) and pre["ran_meanwhile"] == [first["ran"]]
     assert rest and all(e["failure"].startswith("skipped") for e in rest)
     autotuner(_limited).cache.clear()
 

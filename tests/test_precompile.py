@@ -113,7 +113,7 @@ def test_when_the_first_config_fails_the_execution_that_met_the_key_runs_the_nex
     (decision,) = [e for e in events if e["event"] == "decision"]
     assert "BLOCK over LIMIT" in decision["local_failures"]["0"]  # found compiling on a GPU, running here
     first, *rest = [e for e in events if e["event"] == "slot" and e["config_index"] == 0]
-    assert first["step"] == 1 and not first["timed"] and first["ran"] in (1, 2)
+    assert first["step"] == 1 and not first["timed"] and first["ran"] not in (None, 0)
     assert rest and all(e["failure"].startswith("skipped") for e in rest)
     autotuner(limited_add_one_).cache.clear()
 

@@ -174,5 +174,5 @@ def test_only_a_configs_first_launch_is_noted_and_waited_for(tmp_path, monkeypat
         lambda x: double_[grid(x.numel())](x, x.numel()))
     op(torch.ones(64, device=DEVICE))
     assert op.last_call.executions == 3 * 4 + 1  # 3 configs x (1 warm-up + 3 timed slots), the final run
-    assert noted == [0, 1, 2]
+    assert sorted(noted) == [0, 1, 2]  # (the first step runs whichever config compiled first)
     assert list((tmp_path / "cache-quarantine").glob("inflight-*")) == []
