@@ -140,7 +140,7 @@ class FunctionAutotuner(ContextualAutotuner[R]):
                 session.search.points.winner = winner
                 session.pins = lookup.pins()
                 session.stats.cache_hits += 1
-                session._ensure_header()
+                session.ensure_header()
                 session.log.write("cache-hit", f"cache-hit function={self.name} key={key!r} winner=point#{winner} "
                                   f"{points[winner]} from {lookup.path}", function=self.name, key=repr(key),
                                   winner=winner, path=str(lookup.path), entry=lookup.entry)

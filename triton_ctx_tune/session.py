@@ -33,7 +33,7 @@ from .decisions import Decisions, TunedKey, plain_point
 from .search import Assignment, PointTunable, Search
 from .state import KeyState, Slot, SlotRecord
 from .timing import CudaEventTimer, CudaGraphTimer, HostTimer, make_timer
-from .validate import Validator
+from .validate import StepChecks, Validator
 
 
 HEAD_START_MAX_S = 0.02  # the longest the GPU waits before an end-to-end sample (run_step)
@@ -79,6 +79,7 @@ class Session:
         self.decisions = Decisions(self)
         self.validator = (Validator(opts.atol, opts.rtol, opts.max_mismatch_ratio, opts.compare)
                           if opts.validate else None)
+        self.checks = None if self.validator is None else StepChecks(self, self.validator)
         self.stats = CallStats(function)
         self._started = time.perf_counter()
         self._logged_header = False
@@ -115,7 +116,7 @@ class Session:
         q = Quarantine(cache_dir.with_name(cache_dir.name + "-quarantine"), self.comm.global_rank, self.comm,
                        self.opts.resolved_slot_timeout())
         for r in q.recovered:
-            self._ensure_header()
+            self.ensure_header()
             self.log.write("quarantine-recovered", f"quarantine kernel={r.get('kernel')} key={r.get('key')} "
                            f"config#{r.get('index')} {{{r.get('config')}}}: {r['reason']}", **r)
         return q
@@ -180,7 +181,7 @@ class Session:
                 self._cache_hit(at, key, configs, lookup)
                 return self._known(at, at.cache[key], args, kwargs)
             if lookup is not None and lookup.stale is not None:  # rank 0: say why an entry of this key was not used
-                self._ensure_header()
+                self.ensure_header()
                 line, fields = lookup.stale.describe(kernel_name(at), key)
                 self.log.write("cache-stale", line, **fields)
                 self.log.summary(f"{self.function}: {line}")
@@ -256,7 +257,7 @@ class Session:
         self.installed.append((at, key, best))
         return best
 
-    def _ensure_header(self) -> None:
+    def ensure_header(self) -> None:
         if not self._logged_header:
             self._logged_header = True
             device = torch.cuda.get_device_name() if self.timer.kind != "host" else "cpu"
@@ -266,7 +267,7 @@ class Session:
         best = configs[lookup.winner]
         at.cache[key] = best
         self.stats.cache_hits += 1
-        self._ensure_header()
+        self.ensure_header()
         entry = lookup.entry  # only the rank that read it (rank 0) has it; the others log the winner alone
         ms = entry["timings"][lookup.winner]["ms"] if entry else None
         date = entry["tuned"]["date"] if entry else "earlier"
@@ -281,7 +282,7 @@ class Session:
 
     def _new_state(self, at: Autotuner, key: tuple, configs: list, args: tuple, kwargs: dict[str, Any],
                    key_id: str | None) -> KeyState:
-        self._ensure_header()
+        self.ensure_header()
         state = KeyState(autotuner=at, key=key, configs=configs, n_warmup=self.opts.n_warmup,
                          n_repeat=self.opts.n_repeat, kernel=kernel_name(at), early_stop=self.early_stop,
                          point=self.assignment.point, end_to_end=self.opts.objective == "end_to_end")
@@ -527,15 +528,15 @@ class Session:
         self._finish_precompiles(void=bool(failures))
         self.timer.sync()
         if failures:
-            self._point_failed(a, "; ".join(f"rank {r}: {m}" for r, m in sorted(failures.items())),
+            self.point_failed(a, "; ".join(f"rank {r}: {m}" for r, m in sorted(failures.items())),
                                {str(r): m for r, m in failures.items()})
             return False
-        if self.validator is not None and self._point_invalid(a, output):
+        if self.checks is not None and self.checks.point_invalid(a, output):
             return False
         if a.measured is not None and clean:
             self._take_step_sample(a, samples or [])
-        if self.validator is not None:
-            self._validation_step(a, output)
+        if self.checks is not None:
+            self.checks.after_step(a, output)
         if self.search.points is not None and a.point is not None:
             self.search.points.seen.add(a.point)
         self._log_slots()
@@ -563,37 +564,6 @@ class Session:
             e.args = (e.args[0] + " The step it waited at the end of ran these slots here; a rank hung in one of "
                       "them is the likely cause: " + "; ".join(dict.fromkeys(ran)),)
 
-    def _validation_step(self, a: Assignment, output: Any) -> None:
-        """Take the reference, or judge the config this step checked; plan checks for keys met in it."""
-        v = self.validator
-        assert v is not None
-        if a.reference:
-            v.set_reference(output)
-            self.search.reference_pending = False
-        elif a.validating is not None:
-            self.search.validation.pop(0)
-            state, index = a.validating
-            check = v.check(output) if index not in state.failures else None
-            mine = {} if check is None or check.ok else {index: f"validation: {check.describe()}"}
-            shared = self.comm.share_failures(mine, len(state.configs), "share validation results")
-            for i, reason in shared.items():
-                state.fail(i, reason)
-            self._ensure_header()
-            ok = index not in shared
-            stats = {} if check is None else {"max_abs": check.max_abs, "max_rel": check.max_rel,
-                                              "mismatch_ratio": check.mismatch_ratio}
-            self.log.write("validation", f"validation kernel={state.kernel} key={state.key!r} config#{index} "
-                           f"{{{config_str(state.configs[index])}}} " + ("ok" if ok else f"INVALID {shared[index]}"),
-                           kernel=state.kernel, key=list(state.key), config_index=index,
-                           config=config_str(state.configs[index]), ok=ok, reason=shared.get(index),
-                           mine=None if check is None else check.ok, **stats)
-            if not ok:
-                self.progress.clear()
-                self.log.summary(f"{self.function}: {state.kernel} key={state.key!r}: config "
-                                 f"{{{config_str(state.configs[index])}}} is invalid ({shared[index]})")
-        if self.new_states:
-            self.search.plan_validation(self.new_states, user_reference=self.opts.reference is not None)
-
     def _take_step_sample(self, a: Assignment, samples: list[Callable[[], float]]) -> None:
         m = a.measured
         assert m is not None
@@ -615,31 +585,12 @@ class Session:
                        kind="point" if isinstance(m, PointTunable) else "kernel", iteration=slot.iteration,
                        timed=slot.timed, ms=ms, failure=m.failures.get(slot.config))
 
-    def _point_invalid(self, a: Assignment, output: Any) -> bool:
-        """Validate a point by its first execution, in which every kernel runs its first config, as in
-        the reference: a point whose result differs fails on every rank, like one that raises."""
-        pts, v = self.search.points, self.validator
-        assert v is not None
-        if pts is None or a.point is None or a.point in pts.seen or a.fixed or v.reference is None:
-            return False  # (point 0's first execution is, or precedes, the reference when none is given)
-        check = v.check(output)
-        mine = {} if check.ok else {a.point: f"validation: {check.describe()}"}
-        shared = self.comm.share_failures(mine, len(pts.configs), "share point validation results")
-        self._ensure_header()
-        ok = a.point not in shared
-        self.log.write("validation", f"validation point#{a.point} {a.kwargs} " + ("ok" if ok else f"INVALID {shared[a.point]}"),
-                       kind="point", point=a.point, kwargs=plain_point(a.kwargs), ok=ok, reason=shared.get(a.point),
-                       mine=check.ok, max_abs=check.max_abs, max_rel=check.max_rel, mismatch_ratio=check.mismatch_ratio)
-        if not ok:
-            self._point_failed(a, shared[a.point], {str(self.comm.rank): mine[a.point]} if mine else {})
-        return not ok
-
-    def _point_failed(self, a: Assignment, reason: str, failures: dict[str, str]) -> None:
+    def point_failed(self, a: Assignment, reason: str, failures: dict[str, str]) -> None:
         pts = self.search.points
         assert pts is not None and a.point is not None
         pts.fail(a.point, reason)
         self.search.abandon(a.point)
-        self._ensure_header()
+        self.ensure_header()
         self.log.write("point-failed", f"point#{a.point} {a.kwargs} failed: {reason}", point=a.point,
                        kwargs=plain_point(a.kwargs), failures=failures)
         self.progress.clear()
