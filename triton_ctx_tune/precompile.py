@@ -223,7 +223,7 @@ class Precompiling:
         self.started = time.perf_counter()
         # Configs already failed (quarantined: they killed a process) are neither compiled nor run.
         self.mine = [i for i in local_share(len(state.configs), comm) if i not in state.failures]
-        self.ran_meanwhile: list[int] = []  # noted by the session
+        self.ran_meanwhile: list[int] = []  # what first_ready() handed to the execution
         self._ready: list[int] = []
         self._settled = False
         self._cond = threading.Condition()
@@ -262,7 +262,10 @@ class Precompiling:
         of them compiled (all failed, or the share is empty). Which one it is differs between ranks."""
         with self._cond:
             self._cond.wait_for(lambda: bool(self._ready) or self._settled)
-            return self._ready[0] if self._ready else None
+            if not self._ready:
+                return None
+            self.ran_meanwhile.append(self._ready[0])
+            return self._ready[0]
 
     def finish(self, comm: Collectives) -> Compiled:
         if self._thread is None:

@@ -219,10 +219,7 @@ class Session:
         record = SlotRecord(state.take_slot() if stand_in else None, None)
         if record.slot is not None:
             state.records.append(record)
-        index = state.compiling.first_ready()
-        if index is not None:
-            state.compiling.ran_meanwhile.append(index)
-        return self._untimed(state, index, record, args, kwargs)
+        return self._untimed(state, state.compiling.first_ready(), record, args, kwargs)
 
     def _untimed(self, state: KeyState, index: int | None, record: SlotRecord, args: tuple,
                  kwargs: dict[str, Any]) -> Any:
