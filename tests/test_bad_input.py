@@ -19,7 +19,7 @@ OPTIONS = ["is_dist", "n_repeat", "n_warmup", "group", "reduce", "stat", "flush_
            "compile_workers", "compile_timeout_s",
            "cuda_graph", "quarantine",
            "slot_timeout_s", "objective", "e2e_runs", "validate", "reference", "compare", "atol", "rtol",
-           "max_mismatch_ratio"]
+           "max_mismatch_ratio", "exactly_once", "snapshot_limit_mb"]
 
 
 def test_misspelt_keyword_names_the_closest_option_and_lists_them_all():
@@ -56,6 +56,7 @@ BAD_ENV = {
     "TRITON_CTX_TUNE_SLOT_TIMEOUT": ("0", "a number of seconds greater than 0"),
     "TRITON_CTX_TUNE_COMPILE_WORKERS": ("-2", "a number of worker processes >= 0 (0: compile on threads only); "
                                         "unset: none unless start_compile_workers() started them"),
+    "TRITON_CTX_TUNE_SNAPSHOT_LIMIT_MB": ("lots", "a number of MiB >= 0 (inf: no limit); unset for 4096"),
 }
 
 

@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
-from .compat import Autotuner, kernel_name, launch_cached, tuning_key
-from .errors import TuneDuringCaptureError
+from .compat import Autotuner, kernel_name, launch_cached, prune_configs, tuning_key
+from .errors import EmptyConfigSpaceError, TuneDuringCaptureError
+from .exactly_once import StateGuard, paused
 from .options import TuneOptions
 from .patch import original_run
 from .session import CallStats, Session
@@ -27,7 +28,8 @@ _start_lock = threading.Lock()
 
 
 class Call:
-    __slots__ = ("function", "opts", "session", "closed", "started", "wall_s", "token", "previous")
+    __slots__ = ("function", "opts", "session", "closed", "started", "wall_s", "token", "previous", "guard",
+                 "late_guard", "defer", "deferred")
 
     def __init__(self, function: str, opts: TuneOptions) -> None:
         self.function = function
@@ -38,6 +40,13 @@ class Call:
         self.wall_s = 0.0
         self.token: Any = None  # resolver.enter/leave keep their undo state here
         self.previous: Any = None
+        self.guard: StateGuard | None = None  # exactly_once.py: this call's executions are watched
+        self.late_guard = False  # watched from its second execution only (it became a tuning call midway)
+        # An unwatched call of a function that changes older state cannot become a tuning call midway
+        # (its first execution could not be undone): an untuned key runs its first config, and the
+        # next call, watched from its start, tunes it.
+        self.defer = False
+        self.deferred: list[tuple[str, tuple]] = []
 
     def launch(self, at: Autotuner, args: tuple, kwargs: dict[str, Any]) -> Any:
         session = self.session
@@ -48,11 +57,25 @@ class Call:
                 key = tuning_key(at, args, kwargs)
                 config = at.cache.get(key)
                 if config is not None:
-                    return launch_cached(at, config, args, kwargs)
+                    if session is None and self.guard is None:
+                        return launch_cached(at, config, args, kwargs)
+                    with paused():  # a kernel's writes are not the guard's to see (the interpreter's copies are)
+                        return launch_cached(at, config, args, kwargs)
+                if self.defer and session is None:
+                    return self.run_deferred(at, key, args, kwargs)
                 session = session or self.start_session(at, key)
             else:
                 session = session or self.start_session(at, None)
         return session.launch(at, args, kwargs)
+
+    def run_deferred(self, at: Autotuner, key: tuple, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """An untuned key in a call that may not re-execute: its first config runs, untuned, this once."""
+        if (kernel_name(at), key) not in self.deferred:
+            self.deferred.append((kernel_name(at), key))
+        configs = prune_configs(at, args, kwargs)
+        if not configs:
+            raise EmptyConfigSpaceError(kernel_name(at), key)
+        return launch_cached(at, configs[0], args, kwargs)
 
     def start_session(self, at: Autotuner, key: tuple | None) -> Session:
         """Turn this call into a tuning call; the execution in progress is its first step."""
@@ -75,7 +98,7 @@ class Call:
     def stats(self) -> CallStats:
         if self.session is not None:
             return self.session.stats
-        return CallStats(self.function, executions=1, wall_s=self.wall_s)
+        return CallStats(self.function, executions=1, wall_s=self.wall_s, deferred=list(self.deferred))
 
 
 def _stream_capturing() -> bool:

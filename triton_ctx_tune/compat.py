@@ -23,7 +23,7 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.errors import InterpreterError, OutOfResources, PTXASError
 
 __all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "interpret_mode", "tuning_key",
-           "prune_configs", "launch_config", "launch_cached", "compile_only", "prime_compiler_hash", "load_binary", "reset_before_final_launch", "config_failure_reason", "kernel_name", "JitInfo", "jit_info", "jit_function",
+           "prune_configs", "RUN_LEAVES", "note_run", "launch_config", "launch_cached", "compile_only", "prime_compiler_hash", "load_binary", "reset_before_final_launch", "config_failure_reason", "kernel_name", "JitInfo", "jit_info", "jit_function",
            "inner_heuristics", "constexpr_value", "aggregate_members", "is_triton_builtin",
            "autotuner_definition", "autotuner_hooks", "explain_error", "interpreter_numpy_note",
            "config_to_dict", "config_str", "print_autotuning", "notify_listener", "LaunchSpec", "TensorStandIn",
@@ -117,9 +117,26 @@ def _check_conflicts(config: Config, kwargs: dict[str, Any]) -> None:
                          "Make sure that you don't re-define auto-tuned symbols.")
 
 
+# What Triton's own Autotuner.run leaves on the autotuner for its callers, the same in 3.4 to 3.9:
+# `cache` (key -> config), `best_config` (the config the launch ran: libraries reuse it, e.g. to run
+# a backward kernel with the forward's tile), `configs_timings` and `bench_time` (after it benchmarked)
+# and `nargs` (None once run returns). A tuning call keeps each as a caller expects (note_run, and
+# decisions.py for the timings once a key is decided).
+RUN_LEAVES = ("cache", "best_config", "configs_timings", "bench_time", "nargs")
+
+
+def note_run(at: Autotuner, config: Config) -> None:
+    """What a caller reads after a launch inside a tuning call: the config that ran, and timings so far."""
+    at.best_config = config
+    if getattr(at, "configs_timings", None) is None:  # not decided yet: no timings, as before any benchmark
+        at.configs_timings = {}
+        at.bench_time = 0.0
+
+
 def launch_config(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """One launch as Triton's _bench times it: config.pre_hook, pre_hook, run, post_hook."""
     _check_conflicts(config, kwargs)
+    note_run(at, config)
     current = dict(kwargs, **config.all_kwargs())
     full_nargs = {**_named_args(at, args), **current}
     if config.pre_hook:

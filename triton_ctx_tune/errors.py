@@ -128,3 +128,16 @@ class MissingDependencyError(CtxTuneError, ImportError):
         super().__init__(f"{feature} needs {package}, which is not installed. "
                          f"Fix: pip install {package} (or pip install 'triton_ctx_tune[{extra}]').")
         self.package = package
+
+
+class StateNotRestorableError(CtxTuneError):
+    """A tuning call could not undo its first execution's writes, so it stopped before the second one."""
+
+    def __init__(self, function: str, why: str) -> None:
+        super().__init__(
+            f"{function}: this tuning call would re-execute the function, but {why}. The state is as it was "
+            "before the call (nothing was applied). Fix: raise snapshot_limit_mb= (or TRITON_CTX_TUNE_SNAPSHOT_LIMIT_MB), "
+            "move the state-changing part (optimizer step, in-place updates of large tensors) out of the tuned "
+            "function, or tune it once on a copy of the state before the real run.")
+        self.function = function
+        self.why = why

@@ -59,6 +59,7 @@ DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_COMPILE_TIMEOUT_S = 600.0
 DEFAULT_SLOT_TIMEOUT_S = 600.0
 DEFAULT_E2E_RUNS = 3
+DEFAULT_SNAPSHOT_LIMIT_MB = 4096.0
 
 
 def _is_factor(value: object) -> bool:
@@ -95,6 +96,19 @@ def env_compile_workers() -> int | None:
     return int(value)
 
 
+def env_snapshot_limit_mb() -> float:
+    """TRITON_CTX_TUNE_SNAPSHOT_LIMIT_MB: MiB >= 0 (inf: no limit); unset: 4096."""
+    raw = os.environ.get("TRITON_CTX_TUNE_SNAPSHOT_LIMIT_MB", "")
+    try:
+        value = float(raw) if raw.strip() else DEFAULT_SNAPSHOT_LIMIT_MB
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise InvalidOptionError("TRITON_CTX_TUNE_SNAPSHOT_LIMIT_MB", raw,
+                                 "a number of MiB >= 0 (inf: no limit); unset for 4096")
+    return value
+
+
 # Every environment variable the package reads, with the function that reads it (tests hold the
 # README's table to this list). Paths take any text, so theirs check nothing.
 ENVIRONMENT: dict[str, Callable[[], object]] = {
@@ -108,6 +122,7 @@ ENVIRONMENT: dict[str, Callable[[], object]] = {
     "TRITON_CTX_TUNE_COMPILE_TIMEOUT": lambda: _env_float("TRITON_CTX_TUNE_COMPILE_TIMEOUT", DEFAULT_COMPILE_TIMEOUT_S),
     "TRITON_CTX_TUNE_SLOT_TIMEOUT": lambda: _env_float("TRITON_CTX_TUNE_SLOT_TIMEOUT", DEFAULT_SLOT_TIMEOUT_S),
     "TRITON_CTX_TUNE_COMPILE_WORKERS": env_compile_workers,
+    "TRITON_CTX_TUNE_SNAPSHOT_LIMIT_MB": env_snapshot_limit_mb,
     "TRITON_CTX_TUNE_LOG_DIR": lambda: None,
     "TRITON_CTX_TUNE_CACHE_DIR": lambda: None,
 }
@@ -179,6 +194,15 @@ class TuneOptions:
     atol: float = 1e-3
     rtol: float = 1e-3
     max_mismatch_ratio: float = 0.0
+    # Exactly once (exactly_once.py): a tuning call's net effect on state older than the call (tensors,
+    # .grad, optimizer state, buffers, the RNGs) is one plain execution's. Each execution's writes are
+    # undone before the next; the final run applies them. False: re-executions compound, as in
+    # Triton-distributed's tuner (for functions known to write only their own outputs).
+    exactly_once: bool = True
+    # The most the copies behind exactly_once may hold, in MiB (one copy of each storage the function
+    # writes that is older than the call). Above it, the call stops before its second execution with
+    # StateNotRestorableError, state untouched. None: TRITON_CTX_TUNE_SNAPSHOT_LIMIT_MB, else 4096.
+    snapshot_limit_mb: float | None = None
 
     def __post_init__(self) -> None:
         if self.e2e_runs is not None and (isinstance(self.e2e_runs, bool) or not isinstance(self.e2e_runs, int)
@@ -244,6 +268,12 @@ class TuneOptions:
                                      "a number of seconds greater than 0 (math.inf: no limit), or None for the default")
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise InvalidOptionError("cache_dir", self.cache_dir, "a directory path, or None for the default")
+        if not isinstance(self.exactly_once, bool):
+            raise InvalidOptionError("exactly_once", self.exactly_once, "True or False")
+        if self.snapshot_limit_mb is not None and (isinstance(self.snapshot_limit_mb, bool) or not isinstance(
+                self.snapshot_limit_mb, (int, float)) or not self.snapshot_limit_mb >= 0):
+            raise InvalidOptionError("snapshot_limit_mb", self.snapshot_limit_mb,
+                                     "a number of MiB >= 0 (math.inf: no limit), or None for the default")
         check_environment()
 
     @classmethod
@@ -312,6 +342,11 @@ class TuneOptions:
 
     def resolved_quarantine(self) -> bool:
         return _env_flag("TRITON_CTX_TUNE_QUARANTINE", default=True) if self.quarantine is None else self.quarantine
+
+    def resolved_snapshot_limit(self) -> float | None:
+        """exactly_once's budget in MiB; None: no limit."""
+        mb = env_snapshot_limit_mb() if self.snapshot_limit_mb is None else self.snapshot_limit_mb
+        return None if mb == float("inf") else float(mb)
 
     def resolved_e2e_runs(self, timer_kind: str) -> int:
         """Executions per end-to-end timed step; timer_kind is timing.py's (the same on every rank)."""

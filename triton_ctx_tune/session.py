@@ -22,6 +22,7 @@ from .cache import Lookup, TuningCache, entry_id, identity, resolve_dir
 from .collectives import Collectives
 from .compat import (Autotuner, compile_only, config_failure_reason, config_str, kernel_name, launch_cached, launch_config,
                      prune_configs, reset_before_final_launch, restores, tuning_key)
+from .exactly_once import paused
 from .errors import CollectiveTimeoutError, CtxTuneError, EmptyConfigSpaceError, NoValidConfigError, RankMismatchError
 from .logs import RankLog, fmt_ms
 from .options import TuneOptions
@@ -48,6 +49,8 @@ class CallStats:
     tuned: list[TunedKey] = field(default_factory=list)
     cache_hits: int = 0  # keys whose winner came from the persistent cache
     point: dict[str, Any] | None = None  # the function-level point the call ran with (autotune())
+    # (kernel, key) met by a call that could not re-execute (exactly_once.py): ran untuned, tuned next call
+    deferred: list[tuple[str, tuple]] = field(default_factory=list)
 
 
 class Session:
@@ -147,7 +150,7 @@ class Session:
     # ---- launches (handed over by call.Call) -------------------------------------------------
 
     def launch(self, at: Autotuner, args: tuple, kwargs: dict[str, Any]) -> Any:
-        with self._lock:
+        with self._lock, paused():  # routing and timing a launch are the tuner's work, not the function's writes
             return self._launch(at, args, kwargs)
 
     def _launch(self, at: Autotuner, args: tuple, kwargs: dict[str, Any]) -> Any:

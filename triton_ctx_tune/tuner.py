@@ -9,6 +9,7 @@ import torch
 from . import patch, resolver
 from .call import Call
 from .compat import explain_error
+from .exactly_once import StateGuard, stop_unless_restorable
 from .options import TuneOptions
 from .session import CallStats
 
@@ -24,6 +25,11 @@ class ContextualAutotuner(Generic[R]):
         self.opts = opts
         self.name: str = getattr(fn, "__qualname__", repr(fn))
         self._last: Call | None = None
+        # Exactly once (exactly_once.py): a call is watched from its start while this function's effect
+        # on older state is unknown (its first calls) or a key waits for a watched call (deferred).
+        # Watching costs every aten op a trip through Python, so warm calls are not watched.
+        self._watch_next = True
+        self._changes_state: bool | None = None  # what the last watched call saw
         # torch.compile: Dynamo cannot trace the tuner (ContextVars, re-execution), and tracing the
         # function itself would hand its kernels to Inductor, whose autotuner benchmarks on live
         # data. So the whole call is one graph break, run eagerly.
@@ -60,35 +66,91 @@ class ContextualAutotuner(Generic[R]):
         step's (a call made with a session: autotune()'s space, every execution a step). A call
         without a session starts warm and becomes a tuning call at its first untuned key.
         """
+        if self.opts.exactly_once:
+            self._arm(call)
         resolver.enter(call)
         # try/except rather than an ExitStack, and no closure until a call tunes: this is the
         # warm path, paid on every call.
         try:
             session = call.session
             if session is None:
-                result = self.fn(*args, **kwargs) if point is None else self.fn(*args, **{**point, **kwargs})
+                if call.guard is None:
+                    result = self.fn(*args, **kwargs) if point is None else self.fn(*args, **{**point, **kwargs})
+                else:
+                    with call.guard.watching():
+                        result = self.fn(*args, **kwargs) if point is None else self.fn(*args, **{**point, **kwargs})
                 session = call.session
                 if session is not None:  # a key was not tuned: the call became a tuning call
                     _user_reference(call, args, kwargs)
                     if not session.end_step(output=result):
-                        result = session.finish(self._executor(args, kwargs, point))
+                        result = session.finish(self._executor(call, args, kwargs, point))
             else:
                 _user_reference(call, args, kwargs)
-                result = session.finish(self._executor(args, kwargs, point))
+                result = session.finish(self._executor(call, args, kwargs, point))
         except BaseException as e:
             if isinstance(e, Exception):
                 explain_error(e)  # adds a note naming the fix for known environment problems
+            if call.guard is not None:
+                call.guard.rewind()  # a call that fails leaves the state as it found it
+                call.guard.release()
             resolver.leave(call)
             call.close(type(e), e)
             raise
         resolver.leave(call)
         call.close()
+        if call.guard is not None or call.deferred:
+            self._disarm(call)
         return result
 
-    def _executor(self, args: tuple, kwargs: dict[str, Any], point: dict[str, Any] | None) -> Callable[[dict[str, Any]], R]:
-        """One execution of the function for a step, with that step's point (if any) as keywords."""
+    def _arm(self, call: Call) -> None:
+        """Watch this call from its start, or let it defer new keys to the next call (which is watched)."""
+        if self._watch_next:
+            call.guard = StateGuard(self.opts.resolved_snapshot_limit())
+        elif self._changes_state:
+            call.defer = True
+
+    def _disarm(self, call: Call) -> None:
+        guard = call.guard
+        if guard is not None:
+            if guard.executions and not call.late_guard:
+                self._changes_state = guard.changed_state
+                self._watch_next = False
+            guard.release()
+        if call.deferred:
+            self._watch_next = True
+
+    def _executor(self, call: Call, args: tuple, kwargs: dict[str, Any],
+                  point: dict[str, Any] | None) -> Callable[[dict[str, Any]], R]:
+        """One execution of the function for a step, with that step's point (if any) as keywords.
+
+        With exactly_once, every execution after the call's first starts from the state the call
+        found (exactly_once.StateGuard), and only the final run's effects stay."""
         fixed = point or {}
-        return lambda step_point: self.fn(*args, **{**fixed, **step_point, **kwargs})
+        if not self.opts.exactly_once:
+            return lambda step_point: self.fn(*args, **{**fixed, **step_point, **kwargs})
+        if call.guard is None:
+            call.guard = StateGuard(self.opts.resolved_snapshot_limit())
+            # A call that became a tuning call midway, unwatched, in a function seen not to change older
+            # state: watch the rest, and stop (below) if that was wrong.
+            call.late_guard = call.session is not None and call.session.stats.executions > 0
+        guard = call.guard
+        session = call.session
+        assert session is not None
+
+        def share(mine: dict[int, str]) -> dict[int, str]:
+            return session.comm.share_failures(mine, 1, "exactly once: can every rank undo its execution")
+
+        def execute(step_point: dict[str, Any]) -> R:
+            if guard.executions == 1 or (call.late_guard and guard.changed_state):
+                stop_unless_restorable(guard, share, self.name, late=call.late_guard)
+            if guard.executions:
+                guard.rewind()
+            if session.final:
+                return self.fn(*args, **{**fixed, **step_point, **kwargs})  # applied once, for real
+            with guard.watching():
+                return self.fn(*args, **{**fixed, **step_point, **kwargs})
+
+        return execute
 
 
 def _user_reference(call: Call, args: tuple, kwargs: dict[str, Any]) -> None:
@@ -114,7 +176,8 @@ def contextual_autotune(is_dist: Any = False, n_repeat: int = 5, n_warmup: int =
     n_warmup); the keyword-only options are the fields of TuneOptions (options.py): group,
     reduce, stat, flush_l2, log_dir, quiet, timeout_s, max_executions, cache, cache_dir,
     early_stop, precompile, compile_threads, compile_workers, compile_timeout_s, cuda_graph, quarantine,
-    slot_timeout_s, objective, e2e_runs, validate, reference, compare, atol, rtol, max_mismatch_ratio. Also usable bare: ``@contextual_autotune``.
+    slot_timeout_s, objective, e2e_runs, validate, reference, compare, atol, rtol, max_mismatch_ratio,
+    exactly_once, snapshot_limit_mb. Also usable bare: ``@contextual_autotune``.
     """
     if callable(is_dist):
         return ContextualAutotuner(is_dist, TuneOptions())
