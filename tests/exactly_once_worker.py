@@ -88,5 +88,57 @@ def limit_on_rank1() -> dict[str, Any]:
             "chosen": {repr(k): v for k, v in K.chosen(K.scale_copy).items()}}
 
 
+ONLINE = dict(online=True, n_warmup=1, n_repeat=2, early_stop=False, cache=False, is_dist=True, precompile=False)
+
+
+def online() -> dict[str, Any]:
+    """online=True with the function's own all_reduce: the same calls decide the same winner everywhere."""
+    K.reset_caches()
+    runs = {"n": 0}
+
+    @contextual_autotune(**ONLINE)
+    def step(x: torch.Tensor) -> torch.Tensor:
+        runs["n"] += 1
+        K.double_[grid(128)](x, 128)  # in place, once per call
+        y = x.clone()
+        dist.all_reduce(y)
+        return y
+
+    x = torch.ones(128, device=DEVICE)
+    calls = 0
+    while True:
+        calls += 1
+        step(x)
+        if step._online is None or calls > 30:
+            break
+    step(x)
+    return {"calls": calls, "runs": runs["n"], "x_ok": bool((x == 2.0 ** runs["n"]).all()),
+            "chosen": {repr(k): v for k, v in K.chosen(K.double_).items()}}
+
+
+def online_mismatch() -> dict[str, Any]:
+    """Rank 1 launches a key the others do not, in its third call: a named error on every rank, no hang."""
+    K.reset_caches()
+    runs = {"n": 0}
+
+    @contextual_autotune(**ONLINE)
+    def step(x: torch.Tensor) -> torch.Tensor:
+        runs["n"] += 1
+        K.double_[grid(128)](x, 128)
+        if dist.get_rank() == 1 and runs["n"] == 3:
+            K.add_one_[grid(128)](x, 128)
+        return x
+
+    x = torch.ones(128, device=DEVICE)
+    try:
+        for _ in range(9):
+            step(x)
+        outcome = "returned"
+    except Exception as e:  # noqa: BLE001 (the outcome under test)
+        outcome = f"{type(e).__name__}: {e}"
+    return {"outcome": outcome, "runs": runs["n"]}
+
+
 if __name__ == "__main__":
-    main({"train_step": train_step, "limit_on_rank1": limit_on_rank1})
+    main({"train_step": train_step, "limit_on_rank1": limit_on_rank1, "online": online,
+          "online_mismatch": online_mismatch})

@@ -19,7 +19,7 @@ OPTIONS = ["is_dist", "n_repeat", "n_warmup", "group", "reduce", "stat", "flush_
            "compile_workers", "compile_timeout_s",
            "cuda_graph", "quarantine",
            "slot_timeout_s", "objective", "e2e_runs", "validate", "reference", "compare", "atol", "rtol",
-           "max_mismatch_ratio", "exactly_once", "snapshot_limit_mb"]
+           "max_mismatch_ratio", "exactly_once", "snapshot_limit_mb", "online"]
 
 
 def test_misspelt_keyword_names_the_closest_option_and_lists_them_all():

@@ -88,10 +88,12 @@ class Call:
                 self.session = session
         return self.session
 
-    def close(self, exc_type: type[BaseException] | None = None, exc: BaseException | None = None) -> None:
+    def close(self, exc_type: type[BaseException] | None = None, exc: BaseException | None = None,
+              keep_session: bool = False) -> None:
+        """End the call; its session too, unless it goes on in the next call (online tuning)."""
         self.closed = True
         self.wall_s = time.perf_counter() - self.started
-        if self.session is not None:
+        if self.session is not None and not keep_session:
             self.session.close(exc_type, exc)
 
     @property

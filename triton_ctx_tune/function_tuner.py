@@ -50,6 +50,10 @@ class FunctionAutotuner(ContextualAutotuner[R]):
 
     def __init__(self, fn: Callable[..., R], config_space: Space, key_fn: Callable[..., Any] | None,
                  prune_fn: Callable[..., bool] | None, opts: TuneOptions, is_dist: bool | None) -> None:
+        if opts.online:
+            raise InvalidOptionError("online", True, "False under autotune(config_space=...): points are timed end "
+                                     "to end, one whole execution each; use contextual_autotune(online=True) for "
+                                     "the kernels alone")
         if not callable(config_space):
             config_space = _check_points(config_space, "config_space")
             if not config_space:

@@ -203,6 +203,13 @@ class TuneOptions:
     # writes that is older than the call). Above it, the call stops before its second execution with
     # StateNotRestorableError, state untouched. None: TRITON_CTX_TUNE_SNAPSHOT_LIMIT_MB, else 4096.
     snapshot_limit_mb: float | None = None
+    # Online tuning: the function runs exactly once per call, never re-executed. Each call's launches
+    # take their keys' next slots (the same plan as re-execution: warm-ups, screening, survivors),
+    # timed per launch in the call itself; each call's end agrees across ranks and decides what is
+    # due. Once every key is decided, calls take the warm path. For training loops and servers whose
+    # calls cannot be repeated. Not with validate=True, objective="end_to_end", cuda_graph=True or a
+    # function-level space (each needs repeated executions).
+    online: bool = False
 
     def __post_init__(self) -> None:
         if self.e2e_runs is not None and (isinstance(self.e2e_runs, bool) or not isinstance(self.e2e_runs, int)
@@ -274,6 +281,16 @@ class TuneOptions:
                 self.snapshot_limit_mb, (int, float)) or not self.snapshot_limit_mb >= 0):
             raise InvalidOptionError("snapshot_limit_mb", self.snapshot_limit_mb,
                                      "a number of MiB >= 0 (math.inf: no limit), or None for the default")
+        if not isinstance(self.online, bool):
+            raise InvalidOptionError("online", self.online, "True or False")
+        if self.online:
+            for name, value, why in (("validate", self.validate, "validation compares re-executions of one call"),
+                                     ("objective", self.objective != "per_launch", "an end-to-end sample is a "
+                                      "whole execution per config"),
+                                     ("cuda_graph", self.cuda_graph, "a graph replay runs each launch several times")):
+                if value:
+                    raise InvalidOptionError("online", True, f"False with {name}={getattr(self, name)!r} ({why}); "
+                                             f"tune online with the default {name}, or re-execute (online=False)")
         check_environment()
 
     @classmethod

@@ -267,6 +267,12 @@ class Precompiling:
             self.ran_meanwhile.append(self._ready[0])
             return self._ready[0]
 
+    @property
+    def done(self) -> bool:
+        """Whether this rank's share has finished compiling (finish() would not wait for it)."""
+        with self._cond:
+            return self._settled
+
     def finish(self, comm: Collectives) -> Compiled:
         if self._thread is None:
             self._compile_mine()

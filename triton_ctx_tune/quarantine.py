@@ -106,10 +106,13 @@ class Quarantine:
                 found.setdefault(record["index"], f"{record.get('reason', 'quarantined')} {{{record.get('config')}}}")
         return found
 
+    def local(self, key_id: str, n_configs: int) -> dict[int, str]:
+        """Configs of this key quarantined on this rank's disk (no collective: read while a step runs)."""
+        return {i: r for i, r in self._mine(key_id).items() if 0 <= i < n_configs}
+
     def lookup(self, key_id: str, n_configs: int) -> dict[int, str]:
         """Configs of this key that any rank has quarantined, with the reason, on every rank."""
-        mine = {i: r for i, r in self._mine(key_id).items() if 0 <= i < n_configs}
-        return self.comm.share_failures(mine, n_configs, "share quarantined configs")
+        return self.comm.share_failures(self.local(key_id, n_configs), n_configs, "share quarantined configs")
 
     def begin(self, key_id: str, kernel: str, key: tuple, index: int, config: str) -> None:
         """Durably note the launch about to run (survives the process dying, not the machine)."""

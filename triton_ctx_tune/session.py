@@ -90,6 +90,9 @@ class Session:
         # function may launch from threads it starts (resolver.carry): one launch at a time.
         self._lock = threading.RLock()
         self._host_s = 0.0  # the host side of the last execution (run_step): an end-to-end sample's head start
+        # Online (tuner.py): each step is one real call of the function, never repeated, so every launch
+        # runs as a tuned launch does (no restore_value/reset_to_zero), and compiles do not hold a call up.
+        self.online = opts.online
 
     # Built on first use: a call whose keys are all in Autotuner.cache needs none of them, and a
     # tuned function called in a hot loop should cost little more than the function itself.
@@ -240,7 +243,7 @@ class Session:
     def _known(self, at: Autotuner, config: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         """A launch whose config is settled: for real in the final run. In a tuning step it runs like a
         slot (restore_value and reset_to_zero applied), so re-executions never compound in-place effects."""
-        if self.final or (self.assignment.timed and not restores(at)):
+        if self.final or self.online or (self.assignment.timed and not restores(at)):
             # A step timed end to end measures what the function costs once tuned: the lean launch,
             # not the hooks (nothing to restore here), or a host-bound function would look slower
             # the more launches it makes.
@@ -291,7 +294,11 @@ class Session:
         if self.quarantine is not None:
             state.key_id = key_id or entry_id(identity(at, key, configs, self.comm.world, self.opts.reduce,
                                                        self.opts.stat))
-            self._apply_quarantine(state)
+            # This rank's own records now, so that no config that killed a process here runs again; the
+            # other ranks' at the step's end, after the ranks agree on the keys they met (a collective
+            # here would pair with another rank's different one if they did not).
+            for i, reason in self.quarantine.local(state.key_id, len(state.configs)).items():
+                state.fail(i, reason)
         if self.opts.resolved_precompile():
             work = (state, args, kwargs, self.comm, self.opts.compile_threads or precompile.default_threads(),
                     self.opts.resolved_compile_timeout(), self.opts.resolved_compile_workers())
@@ -313,18 +320,34 @@ class Session:
                        by_workers=done.by_workers, workers=done.workers, ran_meanwhile=done.ran_meanwhile)
 
     def _finish_precompiles(self, void: bool) -> None:
-        """The collective half of the step's background compiles, in the order every rank met the keys.
+        """The collective half of the background compiles, in the order every rank met the keys.
 
         A void step (some rank failed) met keys that no later step runs: their compiles are dropped.
+        Online, a key's compiles are gathered at the first step's end where every rank has finished
+        its share; until then its launches run whichever config is ready (_while_compiling).
         """
-        for state in self.new_states:
-            if state.compiling is not None:
-                if void:
-                    state.compiling = None
-                else:
-                    self._precompiled(state, state.compiling.finish(self.comm))
+        if not self.online:
+            for state in self.new_states:
+                if state.compiling is not None:
+                    if void:
+                        state.compiling = None
+                    else:
+                        self._precompiled(state, state.compiling.finish(self.comm))
+            return
+        if void:
+            for state in self.new_states:
+                state.compiling = None
+        compiling = [s for s in self.search.kernels.values() if s.compiling is not None]
+        if not compiling:
+            return
+        mine = torch.tensor([int(s.compiling.done) for s in compiling], dtype=torch.int64)  # type: ignore[union-attr]
+        everyone = self.comm.all_gather(mine, "online: which keys finished compiling on every rank")
+        for state, done in zip(compiling, everyone.amin(0).tolist()):
+            if done:
+                self._precompiled(state, state.compiling.finish(self.comm))  # type: ignore[union-attr]
 
     def _apply_quarantine(self, state: KeyState) -> None:
+        """Every rank's quarantined configs of a key met in this step, on every rank (at the step's end)."""
         assert self.quarantine is not None
         skipped = self.quarantine.lookup(state.key_id, len(state.configs))
         for i, reason in sorted(skipped.items()):
@@ -349,7 +372,7 @@ class Session:
             config = state.configs[slot.config]
 
             def launch() -> tuple[Any, Any]:  # the end event is recorded before any synchronize
-                out = launch_config(state.autotuner, config, args, kwargs)
+                out = self._run_config(state.autotuner, config, args, kwargs)
                 return out, self.timer.stop(token) if token is not None else None
 
             ok, out = self._launch_noted(state, slot.config, launch)
@@ -371,7 +394,11 @@ class Session:
     def _try_launch(self, state: KeyState, index: int, args: tuple, kwargs: dict[str, Any]) -> tuple[bool, Any]:
         """Launch config `index`: (True, its return value), or (False, the reason) if the config cannot
         run here, which also marks it failed. Any other exception is the user's and propagates."""
-        return self._launch_noted(state, index, lambda: launch_config(state.autotuner, state.configs[index], args, kwargs))
+        return self._launch_noted(state, index, lambda: self._run_config(state.autotuner, state.configs[index], args, kwargs))
+
+    def _run_config(self, at: Autotuner, config: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """A slot's launch: with Triton's benchmarking hooks, unless the call is online (it runs once)."""
+        return launch_cached(at, config, args, kwargs) if self.online else launch_config(at, config, args, kwargs)
 
     def _launch_noted(self, state: KeyState, index: int, work: Callable[[], Any]) -> tuple[bool, Any]:
         """_try(work), under the quarantine's note and followed by its synchronize when it is config
@@ -504,7 +531,7 @@ class Session:
         """Close one step of `runs` executions; True when it ran every kernel with its final config."""
         self.stats.executions += runs
         a = self.assignment
-        if failure is None:
+        if failure is None and not self.online:  # online, a key waits for the calls that launch it
             for s in self.search.of_point(a.point):
                 if not s.settled and not s.end_to_end and id(s) not in self.launched:
                     raise CtxTuneError(
@@ -515,7 +542,7 @@ class Session:
         clean = self.tuning_launches == 0 and not self.new_states
         if failure is None and clean and self.search.finished:
             return True
-        if self.stats.executions >= self.opts.max_executions:
+        if self.stats.executions >= self.opts.max_executions and not self.online:
             raise CtxTuneError(
                 f"{self.function} ran {self.stats.executions} times without finishing its tuning "
                 f"(max_executions={self.opts.max_executions}); it probably launches new keys on every "
@@ -525,6 +552,9 @@ class Session:
         except CollectiveTimeoutError as e:
             self._name_suspects(e)
             raise
+        if self.quarantine is not None and not failures:
+            for state in self.new_states:
+                self._apply_quarantine(state)
         self._finish_precompiles(void=bool(failures))
         self.timer.sync()
         if failures:

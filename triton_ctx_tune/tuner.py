@@ -11,7 +11,7 @@ from .call import Call
 from .compat import explain_error
 from .exactly_once import StateGuard, stop_unless_restorable
 from .options import TuneOptions
-from .session import CallStats
+from .session import CallStats, Session
 
 R = TypeVar("R")
 
@@ -30,6 +30,7 @@ class ContextualAutotuner(Generic[R]):
         # Watching costs every aten op a trip through Python, so warm calls are not watched.
         self._watch_next = True
         self._changes_state: bool | None = None  # what the last watched call saw
+        self._online: Session | None = None  # online=True: the session that goes on in the next call
         # torch.compile: Dynamo cannot trace the tuner (ContextVars, re-execution), and tracing the
         # function itself would hand its kernels to Inductor, whose autotuner benchmarks on live
         # data. So the whole call is one graph break, run eagerly.
@@ -66,6 +67,8 @@ class ContextualAutotuner(Generic[R]):
         step's (a call made with a session: autotune()'s space, every execution a step). A call
         without a session starts warm and becomes a tuning call at its first untuned key.
         """
+        if self.opts.online:
+            return self._drive_online(call, args, kwargs)
         if self.opts.exactly_once:
             self._arm(call)
         resolver.enter(call)
@@ -100,6 +103,33 @@ class ContextualAutotuner(Generic[R]):
         call.close()
         if call.guard is not None or call.deferred:
             self._disarm(call)
+        return result
+
+    def _drive_online(self, call: Call, args: tuple, kwargs: dict[str, Any]) -> R:
+        """online=True: the function runs once; a tuning session in progress takes this call as its next step.
+
+        Every rank runs the same calls, so every rank's session takes the same steps; a call whose
+        keys are all decided ends the session, and later calls are warm."""
+        session = self._online
+        if session is not None:
+            session.begin_step(midway=True)
+            call.session = session
+        resolver.enter(call)
+        try:
+            result = self.fn(*args, **kwargs)
+            session = call.session  # a key not tuned yet starts a session midway (call.py)
+            if session is not None:
+                session.end_step(output=result)
+                self._online = None if session.search.finished else session
+        except BaseException as e:
+            if isinstance(e, Exception):
+                explain_error(e)
+            self._online = None  # the keys not decided yet start again in a later call
+            resolver.leave(call)
+            call.close(type(e), e)
+            raise
+        resolver.leave(call)
+        call.close(keep_session=self._online is not None)
         return result
 
     def _arm(self, call: Call) -> None:

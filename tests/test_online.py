@@ -1,0 +1,131 @@
+"""online=True: the function runs once per call; calls take the keys' slots until every key is decided."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests import kernels as K
+from tests.kernels import DEVICE, grid
+from triton_ctx_tune import contextual_autotune
+from triton_ctx_tune.errors import InvalidOptionError
+
+N = 128
+# precompile=False: each config compiles at its first slot, so the number of calls is exact (with
+# background compiles, a call that finds a key's compiles unfinished runs a ready config, untimed).
+ONLINE = dict(online=True, n_warmup=1, n_repeat=2, early_stop=False, cache=False, precompile=False)
+KEY = (N, "torch.float32")
+
+
+def _decide(fn, *args, limit: int = 30) -> int:
+    """Call `fn` until its session ends; the number of calls it took."""
+    for calls in range(1, limit + 1):
+        fn(*args)
+        if fn._online is None:
+            return calls
+    raise AssertionError(f"not decided in {limit} calls")
+
+
+def test_each_call_runs_once_and_in_place_kernels_apply_once_without_restore_value():
+    runs = {"n": 0}
+
+    @contextual_autotune(**ONLINE)
+    def step(x):
+        runs["n"] += 1
+        K.double_[grid(N)](x, N)  # in place, no restore_value: each launch runs once
+        K.add_one_[grid(N)](x, N)
+        return x
+
+    x = torch.zeros(N, device=DEVICE)
+    calls = _decide(step, x)
+    # 3 configs x 3 slots (1 warm-up, 2 timed) per key, one slot per launch.
+    assert calls == runs["n"] == 9
+    expected = torch.zeros(N, device=DEVICE)
+    for _ in range(calls):
+        expected = expected * 2 + 1
+    assert torch.equal(x, expected)
+    assert K.chosen(K.double_) == {KEY: 32} and K.chosen(K.add_one_) == {KEY: 64}
+    assert [k.config.split(",")[0] for k in step.last_call.tuned] == ["BLOCK=32", "BLOCK=64"]
+    step(x)  # warm: no session
+    assert step._online is None and step.last_call.executions == 1 and runs["n"] == 10
+    assert torch.equal(x, expected * 2 + 1)
+
+
+def test_with_background_compiles_no_call_waits_for_more_than_a_ready_config():
+    @contextual_autotune(**{**ONLINE, "precompile": True})
+    def step(x):
+        K.double_[grid(N)](x, N)
+        return x
+
+    x = torch.ones(N, device=DEVICE)
+    calls = _decide(step, x)
+    assert 9 <= calls <= 12  # a call that found compiles unfinished ran a ready config, untimed
+    assert K.chosen(K.double_) == {KEY: 32} and torch.equal(x, torch.full((N,), 2.0 ** calls, device=DEVICE))
+
+
+def test_a_new_key_in_a_later_call_starts_its_slots_there():
+    @contextual_autotune(**ONLINE)
+    def step(x):
+        K.add_one_[grid(x.numel())](x, x.numel())
+        return x
+
+    big, small = torch.zeros(N, device=DEVICE), torch.zeros(40, device=DEVICE)
+    assert _decide(step, big) == 9
+    step(small)  # a new shape: its session starts in this call
+    assert step._online is not None
+    assert _decide(step, small) == 8
+    assert K.chosen(K.add_one_) == {KEY: 64, (40, "torch.float32"): 16}
+    assert torch.equal(small, torch.full((40,), 9.0, device=DEVICE))  # 9 calls, each added one
+
+
+def test_an_online_training_step_equals_plain_steps():
+    torch.manual_seed(0)
+    tuned_model, plain_model = torch.nn.Linear(N, 4).to(DEVICE), torch.nn.Linear(N, 4).to(DEVICE)
+    plain_model.load_state_dict(tuned_model.state_dict())
+    tuned_opt = torch.optim.AdamW(tuned_model.parameters(), lr=0.1)
+    plain_opt = torch.optim.AdamW(plain_model.parameters(), lr=0.1)
+    x = torch.linspace(-1, 1, N, device=DEVICE)
+
+    def step(model, opt, x, plain=False):
+        opt.zero_grad()
+        h = x.clone()
+        if plain:
+            h = h * 2
+        else:
+            K.double_[grid(N)](h, N)
+        loss = model(h).square().sum()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    tuned = contextual_autotune(**ONLINE)(step)
+    losses = [tuned(tuned_model, tuned_opt, x) for _ in range(12)]
+    plain = [step(plain_model, plain_opt, x, plain=True) for _ in range(12)]
+    assert tuned._online is None and K.chosen(K.double_) == {KEY: 32}
+    assert all(torch.equal(a, b) for a, b in zip(losses, plain))
+    for p, q in zip(tuned_model.parameters(), plain_model.parameters()):
+        assert torch.equal(p, q) and torch.equal(tuned_opt.state[p]["exp_avg"], plain_opt.state[q]["exp_avg"])
+    assert float(tuned_opt.state[tuned_model.weight]["step"]) == 12.0
+
+
+@pytest.mark.parametrize("options", [dict(validate=True), dict(objective="end_to_end")])
+def test_online_refuses_what_needs_re_execution(options):
+    with pytest.raises(InvalidOptionError, match=r"online=True is not valid: expected False with "):
+        contextual_autotune(online=True, **options)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world", [2, 4])
+def test_online_ranks_take_the_same_calls_and_a_rank_that_launches_more_is_named(world, tmp_path):
+    from tests.test_dist import run_ranks
+
+    results = run_ranks(world, ["online", "online_mismatch"], tmp_path, worker="exactly_once_worker.py")
+    rows = results["online"]
+    for row in rows:
+        assert "error" not in row, row.get("traceback")
+        assert row["calls"] == 9 and row["runs"] == 10 and row["x_ok"]
+        assert row["chosen"] == {"(128, 'torch.float32')": 32}
+    rows = results["online_mismatch"]
+    for row in rows:
+        assert "error" not in row, row.get("traceback")
+        assert row["outcome"].startswith("RankMismatchError"), row["outcome"]
+        assert row["runs"] == 3  # the third call, where rank 1 launched another key, raised on every rank
