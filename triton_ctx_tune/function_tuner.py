@@ -106,6 +106,10 @@ class FunctionAutotuner(ContextualAutotuner[R]):
 
     def _call(self, *args: Any, autotune: bool = True, autotune_verbose: bool = False,  # type: ignore[override]
               autotune_allow_arg_overwrite: bool = False, autotune_pg: Any = None, **kwargs: Any) -> R:
+        if autotune is not True or autotune_verbose is not False or autotune_allow_arg_overwrite is not False \
+                or autotune_pg is not None:  # the plain call pays one comparison per switch, nothing more
+            _check_switches(autotune=autotune, autotune_verbose=autotune_verbose,
+                            autotune_allow_arg_overwrite=autotune_allow_arg_overwrite, autotune_pg=autotune_pg)
         points = self.space(args, kwargs)
         clash = set(kwargs) & set().union(*points)
         if clash and not autotune_allow_arg_overwrite:
@@ -210,6 +214,16 @@ class FunctionAutotuner(ContextualAutotuner[R]):
                     what, point, f"points whose names are keyword arguments of {self.name}, which takes "
                     f"{', '.join(sorted(self._takes)) or 'none'} (not {', '.join(unknown)}): rename the point's "
                     "keys, or add those parameters to the function")
+
+
+def _check_switches(autotune_pg: Any, **flags: Any) -> None:
+    for name, value in flags.items():
+        if not isinstance(value, bool):  # a string such as "false" would be truthy and silently mean True
+            raise InvalidOptionError(name, value, "True or False (a per-call switch of the tuned function)")
+    if autotune_pg is not None and torch.distributed.is_available() \
+            and not isinstance(autotune_pg, torch.distributed.ProcessGroup):
+        raise InvalidOptionError("autotune_pg", autotune_pg, "a torch.distributed process group (e.g. "
+                                 "torch.distributed.new_group(ranks)), or None for the default group")
 
 
 def _unhashable(key: Any) -> str | None:
