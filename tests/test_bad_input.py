@@ -581,3 +581,21 @@ def test_no_valid_point_speaks_of_points_and_stays_a_no_valid_config_error():
         "Fix: make every point a set of keyword arguments the function takes and can run with (remove or correct "
         "the failing points in config_space, or drop them with prune_fn)."]
     assert "kernel" not in str(info.value) and "{{" not in str(info.value)
+
+
+@pytest.mark.dist
+def test_misuse_in_a_group_raises_on_every_rank_and_leaves_none_waiting(tmp_path):
+    from tests.test_dist import run_ranks
+
+    rows = run_ranks(2, ["misuse_on_every_rank"], tmp_path, worker="function_worker.py")["misuse_on_every_rank"]
+    for row in rows:
+        assert "traceback" not in row, row.get("traceback")
+        errors = row["errors"]
+        assert {name: e[0] for name, e in errors.items()} == {
+            "key_fn raises": "UserHookError", "validate, result None": "NothingToValidateError",
+            "contextual validate, result None": "NothingToValidateError", "reference raises": "UserHookError",
+            "point names an unknown keyword": "InvalidOptionError"}
+        assert errors["key_fn raises"][1].startswith("key_fn raised KeyError: 'dtype'. Fix: make key_fn")
+        assert errors["reference raises"][1].startswith("reference raised ZeroDivisionError: in the user's code. Fix:")
+        assert row["sums"] == [2.0] * 5 and row["tuned"] == [2.0, 2.0] and row["cache_written"] is False
+    assert rows[0]["errors"] == rows[1]["errors"]
