@@ -60,6 +60,7 @@ BAD_ENV = {
     "TRITON_CTX_TUNE_RETUNE": ("please", FLAG),
     "TRITON_CTX_TUNE_PRECOMPILE": ("2", FLAG),
     "TRITON_CTX_TUNE_QUIET": ("silent", FLAG),
+    "TRITON_CTX_TUNE_QUARANTINE": ("maybe", FLAG),
     "TRITON_CTX_TUNE_TIMEOUT": ("5m", "a number of seconds, e.g. 120"),
     "TRITON_CTX_TUNE_COMPILE_TIMEOUT": ("-1", "a number of seconds greater than 0"),
     "TRITON_CTX_TUNE_SLOT_TIMEOUT": ("0", "a number of seconds greater than 0"),
