@@ -49,7 +49,8 @@ class ContextualAutotuner(Generic[R]):
             # Inside another tuning call: this function is part of that call's function,
             # so its launches join that call's schedule instead of looping on their own.
             return self.fn(*args, **kwargs)
-        require_process_group(self.opts.is_dist, self.name)
+        if self.opts.is_dist:  # (the warm path of a single-process function pays one attribute read)
+            require_process_group(True, self.name)
         if not patch.resident:
             patch.make_resident()
         call = Call(self.name, self.opts)
