@@ -130,8 +130,51 @@ def validate_rank1() -> dict[str, Any]:
     return {"chosen": next(iter(kernel.cache.values())).kwargs["BLOCK"], "out": out[:4].tolist(), "mine": mine[-1]}
 
 
+def misuse_on_every_rank() -> dict[str, Any]:
+    """Misuses met by a group (test_bad_input.py): each rank raises the same named error, none is left in
+    a tuner collective (the group's next collective and a real tuning call still line up), nothing cached."""
+    from triton_ctx_tune import contextual_autotune
+
+    cache = Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"]).parent / f"misuse-cache-{dist.get_rank()}"
+    fast: dict[str, Any] = dict(n_warmup=1, n_repeat=2, early_stop=False, cache_dir=cache)
+
+    def op(x: torch.Tensor, chunks: int = 1) -> torch.Tensor:
+        y = x.clone()
+        double_[grid(y.numel())](y, y.numel())
+        return y
+
+    def nothing(x: torch.Tensor, chunks: int = 1) -> None:
+        op(x, chunks)  # its result is dropped: validation would have nothing to compare
+
+    def key_fn(x: torch.Tensor) -> Any:
+        raise KeyError("dtype")
+
+    def reference(x: torch.Tensor) -> Any:
+        raise ZeroDivisionError("in the user's code")
+
+    misuses = {
+        "key_fn raises": lambda: autotune(SPACE, key_fn=key_fn, is_dist=True, **fast)(op),
+        "validate, result None": lambda: autotune(SPACE, validate=True, is_dist=True, **fast)(nothing),
+        "contextual validate, result None": lambda: contextual_autotune(is_dist=True, validate=True, **fast)(nothing),
+        "reference raises": lambda: contextual_autotune(is_dist=True, validate=True, reference=reference, **fast)(op),
+        "point names an unknown keyword": lambda: autotune([{"zz": 1}], is_dist=True, **fast)(op),
+    }
+    errors, sums = {}, []
+    for name, build in misuses.items():
+        try:
+            build()(torch.ones(64, device=DEVICE))
+            errors[name] = None
+        except Exception as e:  # noqa: BLE001 (the outcome under test)
+            errors[name] = [type(e).__name__, str(e).splitlines()[0]]
+        t = torch.ones(1)
+        dist.all_reduce(t)  # a rank still inside a tuner collective would not line up here
+        sums.append(t.item())
+    tuned = contextual_autotune(is_dist=True, **{**fast, "cache": False})(op)(torch.ones(64, device=DEVICE))
+    return {"errors": errors, "sums": sums, "tuned": tuned[:2].tolist(), "cache_written": cache.exists()}
+
+
 SCENARIOS = {"consensus": consensus, "fails_on_rank1": fails_on_rank1, "wrong_on_rank1": wrong_on_rank1, "cached": cached,
-             "validate_rank1": validate_rank1}
+             "validate_rank1": validate_rank1, "misuse_on_every_rank": misuse_on_every_rank}
 
 
 if __name__ == "__main__":

@@ -101,8 +101,18 @@ def _report(args: argparse.Namespace) -> None:
 # ---- cache ------------------------------------------------------------------------------------
 
 
-def _dir(args: argparse.Namespace) -> Path:
-    return C.resolve_dir(args.cache_dir)
+def _dir(args: argparse.Namespace, must_exist: bool = True) -> Path:
+    directory = C.resolve_dir(args.cache_dir)
+    named = args.cache_dir is not None or bool(os.environ.get("TRITON_CTX_TUNE_CACHE_DIR"))
+    # A directory the user named that is not there is most often a typo: reading it as an empty
+    # cache would hide that. (The default one is simply not created until something is tuned.)
+    if must_exist and named and not directory.is_dir():
+        source = "--cache-dir" if args.cache_dir is not None else "TRITON_CTX_TUNE_CACHE_DIR"
+        raise CacheError(f"the cache directory {directory} ({source}) does not exist"
+                         + (" (it is a file)" if directory.exists() else "")
+                         + ". Fix: pass the cache_dir the jobs used (check the spelling), or leave "
+                         "--cache-dir out for TRITON_CTX_TUNE_CACHE_DIR or the default.")
+    return directory
 
 
 def _matches(path: Path, entry: dict[str, Any] | None, selectors: Sequence[str]) -> bool:
@@ -260,7 +270,7 @@ def load_import_file(path: Path) -> list[dict[str, Any]]:
 
 
 def _cache_import(args: argparse.Namespace) -> None:
-    directory = _dir(args)
+    directory = _dir(args, must_exist=False)  # importing into a new directory creates it
     entries = load_import_file(args.file)
     replaced = 0
     for entry in entries:

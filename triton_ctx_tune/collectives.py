@@ -12,13 +12,20 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .errors import CollectiveTimeoutError
+from .errors import CollectiveTimeoutError, NoProcessGroupError
 
 
 def _dist() -> Any:
     import torch.distributed as dist
 
     return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def require_process_group(is_dist: bool, function: str) -> None:
+    """is_dist=True needs a process group when the function is called (not when it is decorated, which
+    happens at import, before init_process_group): without one, each process would tune alone, silently."""
+    if is_dist and _dist() is None:
+        raise NoProcessGroupError(function)
 
 
 class Collectives:

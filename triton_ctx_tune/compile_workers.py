@@ -295,8 +295,14 @@ def start_compile_workers(size: int | None = None, preload: tuple[str, ...] = ()
     worker while it starts; otherwise a worker imports a kernel's module at its first job.
     """
     from .compat import interpret_mode
+    from .errors import InvalidOptionError
     from .options import env_compile_workers
 
+    # Checked before the interpreter returns early: a bad call must fail on the CPU as on the GPU.
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise InvalidOptionError("size", size, "a number of worker processes >= 0 (0: none), or None for the default")
+    if isinstance(preload, str) or not all(isinstance(m, str) for m in preload):
+        raise InvalidOptionError("preload", preload, "a tuple of module names, e.g. (\"fla.ops.simple_gla\",)")
     if interpret_mode():
         return  # nothing is compiled under the interpreter
     n = env_compile_workers() if size is None else size

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .compat import config_str, notify_listener
-from .errors import NoValidConfigError
+from .errors import NoValidConfigError, NoValidPointError
 from .logs import fmt_ms
 from .search import PointTunable
 from .state import KeyState, Tunable, pick_winner, screen
@@ -181,7 +181,7 @@ class Decisions:
         session.log.write("error", f"no valid config for {_subject(s)}", **_subject_fields(s), failures=failures)
         if isinstance(s, KeyState):
             raise NoValidConfigError(s.kernel, s.key, failures)
-        raise NoValidConfigError(session.function, ("function-level space",), failures)
+        raise NoValidPointError(session.function, failures)
 
 
 def plain_point(point: dict[str, Any]) -> dict[str, Any]:

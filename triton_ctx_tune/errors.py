@@ -1,7 +1,9 @@
 """Error classes. Each message says what went wrong and how to fix it."""
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 class CtxTuneError(RuntimeError):
@@ -52,6 +54,75 @@ class NoValidConfigError(CtxTuneError):
         self.kernel = kernel
         self.key = key
         self.failures = dict(failures)
+
+
+class NoValidPointError(NoValidConfigError):
+    """Every point of a function's space (autotune's config_space) failed, on this rank or on another one.
+
+    A NoValidConfigError, so that code catching the kernel-level error keeps catching it."""
+
+    def __init__(self, function: str, failures: Mapping[str, Sequence[str]]) -> None:
+        CtxTuneError.__init__(self, "\n".join(
+            [f"function {function}: every point of config_space failed, so there is nothing to choose."]
+            + [f"  point {point}: " + "; ".join(reasons) for point, reasons in failures.items()]
+            + ["Fix: make every point a set of keyword arguments the function takes and can run with "
+               "(remove or correct the failing points in config_space, or drop them with prune_fn)."]))
+        self.kernel = function
+        self.function = function
+        self.key = None
+        self.failures = dict(failures)
+
+
+class UserHookError(CtxTuneError):
+    """A function the user handed the tuner (key_fn, prune_fn, a callable config_space, reference,
+    compare) raised, or returned something the tuner cannot use. The original exception is chained."""
+
+    def __init__(self, hook: str, problem: str, fix: str) -> None:
+        super().__init__(f"{hook} {problem}. Fix: {fix}")
+        self.hook = hook
+
+
+def call_hook(hook: str, fix: str, fn: Callable[..., T], *args: Any,
+              check: Callable[[T], str | None] | None = None, **kwargs: Any) -> T:
+    """Call a user's hook; its exception, or a result `check` finds wrong, becomes a UserHookError naming it.
+
+    The one place every hook goes through, so that an error in user code says which of the user's
+    functions raised and what it must do, and the user's own exception stays in the chain."""
+    try:
+        result = fn(*args, **kwargs)
+    except CtxTuneError:
+        raise  # ours already names its cause and fix (e.g. a tuned function called inside the hook)
+    except Exception as e:
+        raise UserHookError(hook, f"raised {type(e).__name__}: {e}", fix) from e
+    problem = check(result) if check is not None else None
+    if problem is not None:
+        raise UserHookError(hook, problem, fix)
+    return result
+
+
+class NoProcessGroupError(CtxTuneError):
+    """is_dist=True (or autotune_pg=) in a process where torch.distributed has no process group."""
+
+    def __init__(self, function: str) -> None:
+        super().__init__(
+            f"{function} is tuned with is_dist=True, but torch.distributed has no process group in this process "
+            "(init_process_group was not called, or destroy_process_group was), so its ranks could not agree on "
+            "the configs. Fix: call torch.distributed.init_process_group(...) before the first call, or pass "
+            "is_dist=False to tune in this process alone.")
+        self.function = function
+
+
+class NothingToValidateError(CtxTuneError):
+    """validate=True, but the result (or the reference) holds no tensor to compare."""
+
+    def __init__(self, function: str, what: str, result: object) -> None:
+        shown = repr(result)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        super().__init__(
+            f"{function}: validate=True, but {what} holds no tensor to compare (it is {shown}), so validation "
+            "would check nothing. Fix: return the output tensors from the function (and from reference=), pass "
+            "compare=(result, reference) -> bool to judge results your own way, or pass validate=False.")
+        self.function = function
 
 
 class RankMismatchError(CtxTuneError):

@@ -25,7 +25,8 @@ import torch
 from . import function_cache, patch, resolver
 from .call import Call
 from .compat import Autotuner, config_str
-from .errors import InvalidOptionError
+from .collectives import require_process_group
+from .errors import InvalidOptionError, call_hook
 from .options import TuneOptions
 from .search import PointTunable
 from .session import CallStats, Session
@@ -62,6 +63,16 @@ class FunctionAutotuner(ContextualAutotuner[R]):
             if f is not None and not callable(f):
                 raise InvalidOptionError(name, f, "a callable taking the function's arguments, or None")
         super().__init__(fn, opts)
+        # The keywords the function takes (None: it takes **kwargs): a point naming another one would
+        # fail in every execution, so it is refused before any.
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):  # no signature to read (a builtin): let the executions say
+            params = [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
+        self._takes: frozenset[str] | None = (None if any(p.kind is p.VAR_KEYWORD for p in params) else frozenset(
+            p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)))
+        if not callable(config_space):
+            self._check_names(config_space, "config_space")
         self.config_space = config_space
         self.key_fn = key_fn
         self.prune_fn = prune_fn
@@ -84,9 +95,14 @@ class FunctionAutotuner(ContextualAutotuner[R]):
         space = self.config_space
         if callable(space):
             takes_args = bool(inspect.signature(space).parameters)
-            space = _check_points(space(*args, **kwargs) if takes_args else space(), "config_space()")
+            fix = "make config_space(*args, **kwargs) return a list of dicts of keyword arguments for these arguments"
+            space = _check_points(call_hook("config_space()", fix, space, *args, **kwargs) if takes_args
+                                  else call_hook("config_space()", fix, space), "config_space()")
+            self._check_names(space, "config_space()")
         if self.prune_fn is not None:
-            space = [p for p in space if self.prune_fn(p, *args, **kwargs)]
+            space = [p for p in space if call_hook(
+                "prune_fn", "make prune_fn(point, *args, **kwargs) return True to keep the point, False to drop it, "
+                "for every point and these arguments", self.prune_fn, p, *args, **kwargs)]
         if not space:
             raise InvalidOptionError("config_space", "[] after prune_fn",
                                      "a space that keeps at least one point for these arguments (check prune_fn)")
@@ -94,6 +110,10 @@ class FunctionAutotuner(ContextualAutotuner[R]):
 
     def _call(self, *args: Any, autotune: bool = True, autotune_verbose: bool = False,  # type: ignore[override]
               autotune_allow_arg_overwrite: bool = False, autotune_pg: Any = None, **kwargs: Any) -> R:
+        if autotune is not True or autotune_verbose is not False or autotune_allow_arg_overwrite is not False \
+                or autotune_pg is not None:  # the plain call pays one comparison per switch, nothing more
+            _check_switches(autotune=autotune, autotune_verbose=autotune_verbose,
+                            autotune_allow_arg_overwrite=autotune_allow_arg_overwrite, autotune_pg=autotune_pg)
         points = self.space(args, kwargs)
         clash = set(kwargs) & set().union(*points)
         if clash and not autotune_allow_arg_overwrite:
@@ -103,7 +123,9 @@ class FunctionAutotuner(ContextualAutotuner[R]):
         if resolver.current() is not None:  # inside another tuning call: run as part of it
             return self.fn(*args, **{**points[0], **kwargs})
         opts = self._options(autotune_verbose, autotune_pg)
-        key = self.key_fn(*args, **kwargs) if self.key_fn is not None else None
+        key = (call_hook("key_fn", "make key_fn(*args, **kwargs) return a hashable value for these arguments, "
+                         "such as a tuple of ints (shapes) and strings (dtypes)", self.key_fn, *args,
+                         check=_unhashable, **kwargs) if self.key_fn is not None else None)
         if not autotune:
             return self._run(opts, args, kwargs, points[0], None)
         winner = self.best.get(key)
@@ -125,6 +147,7 @@ class FunctionAutotuner(ContextualAutotuner[R]):
 
     def _run(self, opts: TuneOptions, args: tuple, kwargs: dict[str, Any], point: dict[str, Any] | None,
              tune: tuple[Any, list[dict[str, Any]]] | None) -> R:
+        require_process_group(opts.is_dist, self.name)
         if not patch.resident:
             patch.make_resident()
         call = Call(self.name, opts)
@@ -185,12 +208,45 @@ class FunctionAutotuner(ContextualAutotuner[R]):
                               function=self.name, path=str(path))
 
 
+    def _check_names(self, points: list[dict[str, Any]], what: str) -> None:
+        if self._takes is None:
+            return
+        for point in points:
+            unknown = sorted(set(point) - self._takes)
+            if unknown:
+                raise InvalidOptionError(
+                    what, point, f"points whose names are keyword arguments of {self.name}, which takes "
+                    f"{', '.join(sorted(self._takes)) or 'none'} (not {', '.join(unknown)}): rename the point's "
+                    "keys, or add those parameters to the function")
+
+
+def _check_switches(autotune_pg: Any, **flags: Any) -> None:
+    for name, value in flags.items():
+        if not isinstance(value, bool):  # a string such as "false" would be truthy and silently mean True
+            raise InvalidOptionError(name, value, "True or False (a per-call switch of the tuned function)")
+    if autotune_pg is not None and torch.distributed.is_available() \
+            and not isinstance(autotune_pg, torch.distributed.ProcessGroup):
+        raise InvalidOptionError("autotune_pg", autotune_pg, "a torch.distributed process group (e.g. "
+                                 "torch.distributed.new_group(ranks)), or None for the default group")
+
+
+def _unhashable(key: Any) -> str | None:
+    try:
+        hash(key)
+    except TypeError:
+        return f"returned {key!r}, which is not hashable ({type(key).__name__}), so it cannot key the tuned results"
+    return None
+
+
 def _check_points(points: Any, what: str) -> list[dict[str, Any]]:
-    points = list(points) if not isinstance(points, dict) else None
-    if points is None or not all(isinstance(p, dict) and all(isinstance(k, str) for k in p) for p in points):
-        raise InvalidOptionError(what, points, "a list of dicts mapping keyword-argument names to values, "
+    try:
+        listed = list(points) if not isinstance(points, (dict, str, bytes)) else None
+    except TypeError:  # not iterable at all (a number, None)
+        listed = None
+    if listed is None or not all(isinstance(p, dict) and all(isinstance(k, str) for k in p) for p in listed):
+        raise InvalidOptionError(what, points if listed is None else listed, "a list of dicts mapping keyword-argument names to values, "
                                  "e.g. [{'chunks': 2}, {'chunks': 4}]")
-    return points
+    return listed
 
 
 def autotune(config_space: Space, key_fn: Callable[..., Any] | None = None, prune_fn: Callable[..., bool] | None = None,

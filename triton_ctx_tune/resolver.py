@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional, Protocol, TypeVar
 import torch
 
 from .compat import kernel_name, tuning_key
-from .errors import UnattributedLaunchWarning
+from .errors import InvalidOptionError, UnattributedLaunchWarning
 
 T = TypeVar("T")
 
@@ -146,6 +146,9 @@ def carry(fn: Callable[..., T]) -> Callable[..., T]:
     For threads a tuned function starts itself (a communication thread, a thread pool): PyTorch
     does not carry thread-local state into them. Outside a tuning call it returns `fn` unchanged.
     """
+    if not callable(fn):  # checked outside calls too: the mistake must not wait for the first tuning call
+        raise InvalidOptionError("carry(fn)", fn, "the callable a thread will run, e.g. "
+                                 "threading.Thread(target=carry(work))")
     call = current()
     if call is None:
         return fn

@@ -22,8 +22,8 @@ from .cache import Lookup, TuningCache, entry_id, identity, resolve_dir
 from .collectives import Collectives
 from .compat import (Autotuner, compile_only, config_failure_reason, config_str, kernel_name, launch_cached, launch_config,
                      prune_configs, reset_before_final_launch, restores, tuning_key)
+from .errors import CollectiveTimeoutError, CtxTuneError, EmptyConfigSpaceError, NoValidPointError, RankMismatchError
 from .exactly_once import paused
-from .errors import CollectiveTimeoutError, CtxTuneError, EmptyConfigSpaceError, NoValidConfigError, RankMismatchError
 from .logs import RankLog, fmt_ms
 from .options import TuneOptions
 from .patch import original_run
@@ -626,8 +626,7 @@ class Session:
         self.progress.clear()
         self.log.summary(f"{self.function}: point {a.kwargs} failed, skipped on every rank ({reason})")
         if len(pts.failures) == len(pts.configs):
-            raise NoValidConfigError(self.function, ("function-level space",),
-                                     {repr(p): [pts.failures[i]] for i, p in enumerate(pts.configs)})
+            raise NoValidPointError(self.function, {repr(p): [pts.failures[i]] for i, p in enumerate(pts.configs)})
 
     def _check_agreement(self, failure: str | None) -> dict[int, str]:
         """Ranks agree on what the step tuned; returns every rank's failure of the step ({} when none failed)."""

@@ -7,8 +7,10 @@ from typing import Any, Callable, Generic, TypeVar, overload
 import torch
 
 from . import patch, resolver
+from .collectives import require_process_group
 from .call import Call
 from .compat import explain_error
+from .errors import call_hook
 from .exactly_once import StateGuard, stop_unless_restorable
 from .options import TuneOptions
 from .session import CallStats, Session
@@ -54,6 +56,8 @@ class ContextualAutotuner(Generic[R]):
             # Inside another tuning call: this function is part of that call's function,
             # so its launches join that call's schedule instead of looping on their own.
             return self.fn(*args, **kwargs)
+        if self.opts.is_dist:  # (the warm path of a single-process function pays one attribute read)
+            require_process_group(True, self.name)
         if not patch.resident:
             patch.make_resident()
         call = Call(self.name, self.opts)
@@ -187,7 +191,9 @@ def _user_reference(call: Call, args: tuple, kwargs: dict[str, Any]) -> None:
     """validate=True with reference=: what the configs' results are checked against."""
     session = call.session
     if session is not None and session.validator is not None and call.opts.reference is not None:
-        session.validator.set_reference(call.opts.reference(*args, **kwargs))
+        session.validator.set_reference(call_hook(
+            "reference", "make reference(*args, **kwargs) take the tuned function's arguments and return the "
+            "expected result", call.opts.reference, *args, **kwargs), session.function, "the result of reference=")
 
 
 @overload

@@ -19,6 +19,7 @@ import torch
 
 from .compat import config_str
 from .decisions import plain_point
+from .errors import NothingToValidateError, call_hook
 
 if TYPE_CHECKING:
     from .search import Assignment
@@ -70,12 +71,19 @@ class Validator:
         self.atol, self.rtol, self.max_mismatch_ratio, self.compare = atol, rtol, max_mismatch_ratio, compare
         self.reference: Any = None
 
-    def set_reference(self, result: Any) -> None:
+    def set_reference(self, result: Any, function: str, what: str) -> None:
+        self.require_comparable(result, function, what)
         self.reference = snapshot(result)
+
+    def require_comparable(self, result: Any, function: str, what: str) -> None:
+        """Without compare=, only tensors are compared: a result holding none would pass every check."""
+        if self.compare is None and not tensors(result):
+            raise NothingToValidateError(function, what, result)
 
     def check(self, result: Any) -> Check:
         if self.compare is not None:
-            ok = bool(self.compare(result, self.reference))
+            ok = bool(call_hook("compare", "make compare(result, reference) return True when the result is right, "
+                                "False when it is not", self.compare, result, self.reference))
             return Check(ok, detail="" if ok else "the user's compare(result, reference) returned False")
         got, want = tensors(result), tensors(self.reference)
         if len(got) != len(want):
@@ -110,12 +118,13 @@ class StepChecks:
 
     def __init__(self, session: Session, validator: Validator) -> None:
         self.session, self.validator = session, validator
+        self.output_checked = False
 
     def after_step(self, a: Assignment, output: Any) -> None:
         """Take the reference, or judge the config this step checked; plan checks for keys met in it."""
         session, v = self.session, self.validator
         if a.reference:
-            v.set_reference(output)
+            v.set_reference(output, session.function, "its result")
             session.search.reference_pending = False
         elif a.validating is not None:
             session.search.validation.pop(0)
@@ -145,6 +154,10 @@ class StepChecks:
         """Validate a point by its first execution, in which every kernel runs its first config, as in
         the reference: a point whose result differs fails on every rank, like one that raises."""
         session, v = self.session, self.validator
+        if not self.output_checked:
+            # Every step that did not fail passes here first: the first one decides, before a second execution.
+            v.require_comparable(output, session.function, "its result")
+            self.output_checked = True
         pts = session.search.points
         if pts is None or a.point is None or a.point in pts.seen or a.fixed or v.reference is None:
             return False  # (point 0's first execution is, or precedes, the reference when none is given)
