@@ -90,7 +90,7 @@ def test_every_environment_variable_the_package_reads_is_checked_and_documented(
     for path in (ROOT / "triton_ctx_tune").glob("*.py"):
         read |= set(re.findall(r"TRITON_CTX_TUNE_[A-Z_]+[A-Z]", path.read_text()))
     assert read == set(ENVIRONMENT), "a variable is read but not checked when the decorator is built, or vice versa"
-    table = ROOT.joinpath("README.md").read_text().split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    table = ROOT.joinpath("docs/options.md").read_text().split("## Environment variables", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(TRITON_CTX_TUNE_[A-Z_]+)` \|", table, re.M))
     assert documented == set(ENVIRONMENT)
     for name in BAD_ENV:
