@@ -101,7 +101,7 @@ def test_every_environment_variable_the_package_reads_is_checked_and_documented(
     for path in (ROOT / "triton_ctx_tune").glob("*.py"):
         read |= set(re.findall(r"TRITON_CTX_TUNE_[A-Z_]+[A-Z]", path.read_text()))
     assert read == set(ENVIRONMENT), "a variable is read but not checked when the decorator is built, or vice versa"
-    table = ROOT.joinpath("README.md").read_text().split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    table = ROOT.joinpath("docs/options.md").read_text().split("## Environment variables", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(TRITON_CTX_TUNE_[A-Z_]+)` \|", table, re.M))
     assert documented == set(ENVIRONMENT)
     for name in BAD_ENV:
@@ -382,6 +382,17 @@ MISUSES: list[Misuse] = [
     Misuse("slot_timeout_s=0", _decorate(slot_timeout_s=0), InvalidOptionError, ("slot_timeout_s=0", "greater than 0")),
     Misuse("quarantine='on'", _decorate(quarantine="on"), InvalidOptionError, ("quarantine='on'", "True, False or None")),
     Misuse("e2e_runs=0", _decorate(e2e_runs=0), InvalidOptionError, ("e2e_runs=0", "an int >= 1")),
+    Misuse("exactly_once='yes'", _decorate(exactly_once="yes"), InvalidOptionError,
+           ("exactly_once='yes'", "True or False")),
+    Misuse("snapshot_limit_mb=-1", _decorate(snapshot_limit_mb=-1), InvalidOptionError,
+           ("snapshot_limit_mb=-1", "a number of MiB >= 0")),
+    Misuse("online=1", _decorate(online=1), InvalidOptionError, ("online=1", "True or False")),
+    Misuse("online with validate", _decorate(online=True, validate=True), InvalidOptionError,
+           ("online=True", "False with validate=True", "re-execute (online=False)")),
+    Misuse("online with end_to_end", _decorate(online=True, objective="end_to_end"), InvalidOptionError,
+           ("online=True", "False with objective='end_to_end'", "re-execute (online=False)")),
+    Misuse("online under autotune()", lambda c: autotune([{"chunks": 1}], online=True)(_op), InvalidOptionError,
+           ("online=True", "False under autotune(config_space=...)", "contextual_autotune(online=True)")),
     Misuse("max_executions=0", _decorate(max_executions=0), InvalidOptionError, ("max_executions=0", "an int >= 1")),
     Misuse("validate='yes'", _decorate(validate="yes"), InvalidOptionError, ("validate='yes'", "True or False")),
     Misuse("reference without validate", _decorate(reference=_double), InvalidOptionError,

@@ -41,3 +41,19 @@ def test_launch_help_names_every_knob_python_first():
     knobs = [line.split()[0] for line in out.stdout.splitlines() if re.match(r"  [A-Z_]+ {2,}", line)]
     assert knobs == ["PYTHON", "NPROC", "TRITON_CTX_TUNE_DEVICE", "MASTER_PORT"]  # virtualenv users read PYTHON first
     assert "PYTHON=.venv/bin/python ./launch" in out.stdout
+
+
+def test_readme_is_short_and_every_option_is_documented():
+    import dataclasses
+
+    from triton_ctx_tune.options import TuneOptions
+
+    readme = ROOT.joinpath("README.md")
+    assert readme.stat().st_size < 10_000, "the README is for a newcomer's first ten minutes: move depth into docs/"
+    linked = set(re.findall(r"\]\((docs/[\w./-]+?\.md)(?:#[\w-]*)?\)", readme.read_text()))
+    assert "docs/options.md" in linked
+    missing = sorted(page for page in linked if not ROOT.joinpath(page).is_file())
+    assert not missing, f"README links docs pages that do not exist: {missing}"
+    options = ROOT.joinpath("docs/options.md").read_text()
+    undocumented = [f.name for f in dataclasses.fields(TuneOptions) if f"`{f.name}`" not in options]
+    assert not undocumented, f"TuneOptions fields not named in docs/options.md: {undocumented}"

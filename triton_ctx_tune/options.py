@@ -110,7 +110,7 @@ def env_snapshot_limit_mb() -> float:
 
 
 # Every environment variable the package reads, with the function that reads it (tests hold the
-# README's table to this list). Paths take any text, so theirs check nothing.
+# table in docs/options.md to this list). Paths take any text, so theirs check nothing.
 ENVIRONMENT: dict[str, Callable[[], object]] = {
     "TRITON_CTX_TUNE_CACHE": lambda: _env_flag("TRITON_CTX_TUNE_CACHE", default=True),
     "TRITON_CTX_TUNE_RETUNE": lambda: _env_flag("TRITON_CTX_TUNE_RETUNE"),
