@@ -11,6 +11,6 @@ git log -1 --format=%H 2>/dev/null | tee -a "$OUT/versions.txt"
 timeout 420 python3 -m pytest -q -s -x -p no:cacheprovider tests/test_exactly_once.py tests/test_online.py \
   tests/test_train_loop.py 2>&1 | tee "$OUT/tests_exactly_once.log" | tail -25
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_gpu_steady.py 2>&1 | tee "$OUT/tests_gpu.log" | tail -6
-cp tests/*.json "$OUT/" 2>/dev/null
+timeout 120 python3 benchmarks/bench_call_cost.py --rounds 20 --calls 2000 --out "$OUT/call_cost.json" 2>&1 | tail -8
 find /tmp/pytest-of-*/ -name 'train_loop.rank0.json' -exec cp {} "$OUT/train_loop.rank0.json" \; 2>/dev/null
 ls "$OUT"

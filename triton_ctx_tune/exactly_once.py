@@ -280,12 +280,14 @@ def stop_unless_restorable(guard: StateGuard, share: Callable[[dict[int, str]], 
 def _graph_leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
     leaves = [t for t in roots if t.grad_fn is None and t.requires_grad]
     stack = [t.grad_fn for t in roots if t.grad_fn is not None]
-    seen = {id(fn) for fn in stack}
+    # The visited nodes stay referenced: next_functions hands out new wrappers, and a freed one's id
+    # would be reused by the next (seen on CUDA with torch 2.11: the walk then found no leaf).
+    seen = {id(fn): fn for fn in stack}
     while stack:
         for nxt, _ in stack.pop().next_functions:
             if nxt is None or id(nxt) in seen:
                 continue
-            seen.add(id(nxt))
+            seen[id(nxt)] = nxt
             variable = getattr(nxt, "variable", None)  # an AccumulateGrad node
             if variable is not None:
                 leaves.append(variable)
