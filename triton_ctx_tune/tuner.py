@@ -73,7 +73,7 @@ class ContextualAutotuner(Generic[R]):
         """
         if self.opts.online:
             return self._drive_online(call, args, kwargs)
-        if self.opts.exactly_once:
+        if self.opts.exactly_once and (self._watch_next or self._changes_state):  # (warm calls: two reads)
             self._arm(call)
         resolver.enter(call)
         # try/except rather than an ExitStack, and no closure until a call tunes: this is the
