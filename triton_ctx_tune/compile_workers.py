@@ -32,6 +32,7 @@ from typing import Any
 
 from .compat import (LaunchSpec, compile_described, compile_target, config_failure_reason, prime_compiler_hash,
                      use_compile_only_driver)
+from .errors import InvalidOptionError
 
 # Seconds a new worker may take to import torch, triton and this package before it is given up on.
 BOOT_TIMEOUT_S = 300.0
@@ -281,6 +282,19 @@ def get_pool(size: int, preload: tuple[str, ...] = ()) -> WorkerPool:
         return _pool
 
 
+def env_compile_workers() -> int | None:
+    """TRITON_CTX_TUNE_COMPILE_WORKERS: a count >= 0 (0: compile on threads only), or None when unset."""
+    raw = os.environ.get("TRITON_CTX_TUNE_COMPILE_WORKERS", "")
+    value = raw.strip()
+    if value == "":
+        return None
+    if not value.isdigit():
+        raise InvalidOptionError("TRITON_CTX_TUNE_COMPILE_WORKERS", raw,
+                                 "a number of worker processes >= 0 (0: compile on threads only); unset: none unless "
+                                 "start_compile_workers() started them")
+    return int(value)
+
+
 def started_workers() -> int:
     """The size of this process's pool if start_compile_workers() (or a tuning call) started one, else 0."""
     with _pool_lock:
@@ -295,8 +309,6 @@ def start_compile_workers(size: int | None = None, preload: tuple[str, ...] = ()
     worker while it starts; otherwise a worker imports a kernel's module at its first job.
     """
     from .compat import interpret_mode
-    from .errors import InvalidOptionError
-    from .options import env_compile_workers
 
     # Checked before the interpreter returns early: a bad call must fail on the CPU as on the GPU.
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):

@@ -22,7 +22,7 @@ from .search import PointTunable
 from .state import KeyState, Tunable, pick_winner, screen
 
 if TYPE_CHECKING:
-    from .session import Session
+    from .services import StepServices
 
 
 @dataclass
@@ -37,34 +37,34 @@ class TunedKey:
 
 
 class Decisions:
-    """Session's deciding half: it reads the session's tunables, options, collectives and logs."""
+    """Session's deciding half: it reads the step's tunables, options, collectives and logs (services.py)."""
 
-    def __init__(self, session: Session) -> None:
-        self.session = session
+    def __init__(self, services: StepServices) -> None:
+        self.services = services
 
     def decide(self, finishing: list[Tunable]) -> None:
-        session = self.session
+        svc = self.services
         width = max(len(s.configs) for s in finishing)
         local = torch.full((len(finishing), width, 3), math.inf, dtype=torch.float64)
         for i, s in enumerate(finishing):
-            local[i, : len(s.configs)] = torch.tensor(s.local_stats(session.opts.stat), dtype=torch.float64)
-        per_rank = session.comm.all_gather(local, "gather timings")  # [world, states, configs, 3]
+            local[i, : len(s.configs)] = torch.tensor(s.local_stats(svc.opts.stat), dtype=torch.float64)
+        per_rank = svc.comm.all_gather(local, "gather timings")  # [world, states, configs, 3]
         per_rank = torch.nan_to_num(per_rank, nan=math.inf, posinf=math.inf)
-        reduced = per_rank.amax(0) if session.opts.reduce == "max" else per_rank.mean(0)
+        reduced = per_rank.amax(0) if svc.opts.reduce == "max" else per_rank.mean(0)
         # Rank 0 turns the reduced times into a keep-mask per state (a screening pass's survivors,
         # or a one-hot winner); broadcasting it makes every rank's schedule and choice identical.
         keep = torch.zeros((len(finishing), width), dtype=torch.int64)
         for i, s in enumerate(finishing):
             times = [math.inf if j in s.dropped else t for j, t in enumerate(reduced[i, : len(s.configs), 0].tolist())]
             winner = pick_winner(times)
-            chosen = screen(times, session.early_stop) if s.screening and session.early_stop else (
+            chosen = screen(times, svc.early_stop) if s.screening and svc.early_stop else (
                 [] if winner is None else [winner])
             keep[i, chosen] = 1
-        keep = session.comm.broadcast_from_root(keep, "broadcast decisions")
+        keep = svc.comm.broadcast_from_root(keep, "broadcast decisions")
         for i, s in enumerate(finishing):
             if not bool(keep[i].any()):
                 self._raise_no_valid_config(finishing, i)
-        hold = session.search.hold_screened_kernels()
+        hold = svc.search.hold_screened_kernels()
         for i, s in enumerate(finishing):
             kept = keep[i, : len(s.configs)].nonzero().flatten().tolist()
             times = reduced[i, : len(s.configs)]
@@ -73,7 +73,7 @@ class Decisions:
                     # Even a single survivor gets its kernels' full tuning, then its timed steps.
                     s.keep(kept)
                     for p in kept:
-                        session.search.resume_point(p)
+                        svc.search.resume_point(p)
                     self._log_screen(s, kept, times)
                 else:
                     self._commit_point(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
@@ -90,48 +90,47 @@ class Decisions:
                 self._commit(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
 
     def _log_screen(self, s: Tunable, kept: list[int], times: torch.Tensor) -> None:
-        session = self.session
+        svc = self.services
         what = _subject(s)
         held = " (held until its point survives)" if s.held is not None else ""
-        session.log.write("screen", f"screen {what} kept {len(kept)}/{len(s.configs)} "
-                          f"configs within {session.early_stop:g}x of the best: {kept}{held}", **_subject_fields(s),
-                          kept=kept, factor=session.early_stop, reduced=times[:, 0].tolist(), held=s.held is not None)
+        svc.log.write("screen", f"screen {what} kept {len(kept)}/{len(s.configs)} "
+                      f"configs within {svc.early_stop:g}x of the best: {kept}{held}", **_subject_fields(s),
+                      kept=kept, factor=svc.early_stop, reduced=times[:, 0].tolist(), held=s.held is not None)
 
     def _commit_point(self, pts: PointTunable, winner: int, reduced: torch.Tensor, per_rank: torch.Tensor) -> None:
-        session = self.session
+        svc = self.services
         pts.winner = winner
         pts.tuning_s = time.perf_counter() - pts.started
-        kernels = session.search.of_point(winner)
+        kernels = svc.search.of_point(winner)
         for s in kernels:
             if s.decided:  # other points may have put their own winners of the same key there
                 s.autotuner.cache[s.key] = s.configs[s.winner]  # type: ignore[index]
             elif s.held is not None:
                 s.resume()
-        session.stats.point = dict(pts.configs[winner])
+        svc.stats.point = dict(pts.configs[winner])
         times = reduced[:, 0].tolist()
         finite = sorted(t for j, t in enumerate(times) if math.isfinite(t) and j != winner)
         margin = finite[0] / times[winner] - 1 if finite and times[winner] > 0 else None
-        how = f"{session.opts.reduce} over {session.comm.world} ranks" if session.comm.world > 1 else "1 rank"
-        session.log.write("point-decision", f"point-decision function={session.function} winner=point#{winner} "
-                          f"{pts.configs[winner]} {fmt_ms(times[winner])} end to end ({session.opts.stat}, {how}); "
-                          f"reduced=[{', '.join(f'{t:.4f}' for t in times)}]",
-                          function=session.function, winner=winner, points=[plain_point(p) for p in pts.configs],
-                          reduced=times, reduced_q20=reduced[:, 1].tolist(), reduced_q80=reduced[:, 2].tolist(),
-                          per_rank=per_rank.tolist(), margin=margin, screened_out=sorted(pts.dropped),
-                          failures={str(k): v for k, v in pts.failures.items()},
-                          kernels=[{"kernel": s.kernel, "key": list(s.key), "winner": s.winner,
-                                    "config": None if s.winner is None else config_str(s.configs[s.winner])}
-                                   for s in kernels],
-                          reduce=session.opts.reduce, stat=session.opts.stat, world=session.comm.world,
-                          executions=session.stats.executions, tuning_s=pts.tuning_s)
-        session.log.summary(f"{session.function}: point {pts.configs[winner]} -> {fmt_ms(times[winner])} end to end "
-                            f"({len(pts.configs)} points, {len(pts.failures)} failed, {len(pts.dropped)} screened out, "
-                            f"{how}, {pts.tuning_s:.2f} s)")
-        if session.on_point_decided is not None:
-            session.on_point_decided(session, {"winner": winner, "reduced": reduced.tolist(), "per_rank": per_rank.tolist()})
+        how = f"{svc.opts.reduce} over {svc.comm.world} ranks" if svc.comm.world > 1 else "1 rank"
+        svc.log.write("point-decision", f"point-decision function={svc.function} winner=point#{winner} "
+                      f"{pts.configs[winner]} {fmt_ms(times[winner])} end to end ({svc.opts.stat}, {how}); "
+                      f"reduced=[{', '.join(f'{t:.4f}' for t in times)}]",
+                      function=svc.function, winner=winner, points=[plain_point(p) for p in pts.configs],
+                      reduced=times, reduced_q20=reduced[:, 1].tolist(), reduced_q80=reduced[:, 2].tolist(),
+                      per_rank=per_rank.tolist(), margin=margin, screened_out=sorted(pts.dropped),
+                      failures={str(k): v for k, v in pts.failures.items()},
+                      kernels=[{"kernel": s.kernel, "key": list(s.key), "winner": s.winner,
+                                "config": None if s.winner is None else config_str(s.configs[s.winner])}
+                               for s in kernels],
+                      reduce=svc.opts.reduce, stat=svc.opts.stat, world=svc.comm.world,
+                      executions=svc.stats.executions, tuning_s=pts.tuning_s)
+        svc.log.summary(f"{svc.function}: point {pts.configs[winner]} -> {fmt_ms(times[winner])} end to end "
+                        f"({len(pts.configs)} points, {len(pts.failures)} failed, {len(pts.dropped)} screened out, "
+                        f"{how}, {pts.tuning_s:.2f} s)")
+        svc.point_decided({"winner": winner, "reduced": reduced.tolist(), "per_rank": per_rank.tolist()})
 
     def _commit(self, s: KeyState, winner: int, reduced: torch.Tensor, per_rank: torch.Tensor) -> None:
-        session = self.session
+        svc = self.services
         at = s.autotuner
         s.winner = winner
         s.tuning_s = time.perf_counter() - s.started
@@ -143,45 +142,45 @@ class Decisions:
         notify_listener(at, s.key, best, at.configs_timings, s.tuning_s)
         ms = float(reduced[winner, 0])
         failed = sum(1 for t in reduced[:, 0].tolist() if not math.isfinite(t))
-        session.stats.tuned.append(TunedKey(s.kernel, s.key, config_str(best), ms, len(s.configs), failed, s.point))
-        how = f"{session.opts.reduce} over {session.comm.world} ranks" if session.comm.world > 1 else "1 rank"
-        session.log.write("decision", f"decision kernel={s.kernel} key={s.key!r} winner=config#{winner} {{{config_str(best)}}} "
-                          f"{fmt_ms(ms)} ({session.opts.stat}, {how}); reduced=[{', '.join(f'{t:.4f}' for t in reduced[:, 0].tolist())}]",
-                          kernel=s.kernel, key=list(s.key), point=s.point, end_to_end=s.end_to_end,
-                          winner=winner, winner_config=config_str(best),
-                          configs=[config_str(c) for c in s.configs], reduced=reduced[:, 0].tolist(),
-                          reduced_q20=reduced[:, 1].tolist(), reduced_q80=reduced[:, 2].tolist(),
-                          per_rank=per_rank.tolist(), local_failures={str(k): v for k, v in s.failures.items()},
-                          screened_out=sorted(s.dropped),
-                          reduce=session.opts.reduce, stat=session.opts.stat, world=session.comm.world,
-                          executions=session.stats.executions, tuning_s=s.tuning_s)
-        session.log.summary(f"{session.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
-                            f"({len(s.configs)} configs, {failed} failed, {len(s.dropped)} screened out, {how}, "
-                            f"{s.tuning_s:.2f} s)")
-        lookup = session.misses.pop(id(s), None)
-        if lookup is not None and session.cache is not None:
-            path = session.cache.store(lookup, s.configs, winner, reduced.tolist(), per_rank.tolist(), dict(s.failures),
-                                       {"function": session.function, "executions": session.stats.executions,
-                                        "tuning_s": s.tuning_s, "n_warmup": s.n_warmup, "n_repeat": s.n_repeat})
+        svc.stats.tuned.append(TunedKey(s.kernel, s.key, config_str(best), ms, len(s.configs), failed, s.point))
+        how = f"{svc.opts.reduce} over {svc.comm.world} ranks" if svc.comm.world > 1 else "1 rank"
+        svc.log.write("decision", f"decision kernel={s.kernel} key={s.key!r} winner=config#{winner} {{{config_str(best)}}} "
+                      f"{fmt_ms(ms)} ({svc.opts.stat}, {how}); reduced=[{', '.join(f'{t:.4f}' for t in reduced[:, 0].tolist())}]",
+                      kernel=s.kernel, key=list(s.key), point=s.point, end_to_end=s.end_to_end,
+                      winner=winner, winner_config=config_str(best),
+                      configs=[config_str(c) for c in s.configs], reduced=reduced[:, 0].tolist(),
+                      reduced_q20=reduced[:, 1].tolist(), reduced_q80=reduced[:, 2].tolist(),
+                      per_rank=per_rank.tolist(), local_failures={str(k): v for k, v in s.failures.items()},
+                      screened_out=sorted(s.dropped),
+                      reduce=svc.opts.reduce, stat=svc.opts.stat, world=svc.comm.world,
+                      executions=svc.stats.executions, tuning_s=s.tuning_s)
+        svc.log.summary(f"{svc.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
+                        f"({len(s.configs)} configs, {failed} failed, {len(s.dropped)} screened out, {how}, "
+                        f"{s.tuning_s:.2f} s)")
+        lookup = svc.misses.pop(id(s), None)
+        if lookup is not None and svc.cache is not None:
+            path = svc.cache.store(lookup, s.configs, winner, reduced.tolist(), per_rank.tolist(), dict(s.failures),
+                                   {"function": svc.function, "executions": svc.stats.executions,
+                                    "tuning_s": s.tuning_s, "n_warmup": s.n_warmup, "n_repeat": s.n_repeat})
             if path is not None:
-                session.log.write("cache-store", f"cache-store kernel={s.kernel} key={s.key!r} -> {path}",
-                                  kernel=s.kernel, key=list(s.key), path=str(path), id=lookup.id)
+                svc.log.write("cache-store", f"cache-store kernel={s.kernel} key={s.key!r} -> {path}",
+                              kernel=s.kernel, key=list(s.key), path=str(path), id=lookup.id)
 
     def _raise_no_valid_config(self, finishing: list[Tunable], i: int) -> None:
-        session = self.session
+        svc = self.services
         # Every rank reaches this with the same broadcast winners, so the extra gather is safe.
         mine = {str(i): {str(c): r for c, r in s.failures.items()} for i, s in enumerate(finishing)}
-        everyone = [json.loads(b) for b in session.comm.all_gather_bytes(json.dumps(mine).encode(), "share failures")]
+        everyone = [json.loads(b) for b in svc.comm.all_gather_bytes(json.dumps(mine).encode(), "share failures")]
         s = finishing[i]
         failures: dict[str, list[str]] = {}
         for j, config in enumerate(s.configs):
             reasons = [f"rank {r}: {e[str(i)][str(j)]}" for r, e in enumerate(everyone) if str(j) in e[str(i)]]
             text = config_str(config) if isinstance(s, KeyState) else repr(config)
             failures[text] = reasons or ["no failure recorded, but no finite time either"]
-        session.log.write("error", f"no valid config for {_subject(s)}", **_subject_fields(s), failures=failures)
+        svc.log.write("error", f"no valid config for {_subject(s)}", **_subject_fields(s), failures=failures)
         if isinstance(s, KeyState):
             raise NoValidConfigError(s.kernel, s.key, failures)
-        raise NoValidPointError(session.function, failures)
+        raise NoValidPointError(svc.function, failures)
 
 
 def plain_point(point: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -19,6 +20,56 @@ from .compat import TRITON_VERSION, print_autotuning
 
 DEFAULT_LOG_DIR = "./.autotune_logs"
 _calls = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """One kind of JSONL event: what it records and the fields every event of the kind carries
+    (some writers add more, e.g. a kernel's key or a function's name). report.py reads these."""
+    kind: str
+    about: str
+    fields: frozenset[str]
+
+
+def _spec(kind: str, about: str, *fields: str) -> tuple[str, EventSpec]:
+    return kind, EventSpec(kind, about, frozenset(fields))
+
+
+# Every kind of event the package writes, in one place: RankLog.write refuses any other, and
+# tests/test_logs_schema.py holds the writers and report.py to this list.
+EVENTS: dict[str, EventSpec] = dict([
+    _spec("call", "a tuning call starts (RankLog.header)", "function", "world", "device", "timer", "triton", "torch",
+          "triton_ctx_tune", "host", "pid"),
+    _spec("end", "a tuning call ends, or is stopped by an error", "function", "executions", "wall_s", "error"),
+    _spec("precompile", "a key's configs compiled in the background", "kernel", "key", "mine", "seconds", "failures",
+          "by_workers", "workers", "ran_meanwhile"),
+    _spec("quarantine", "a key skips configs that killed an earlier process", "kernel", "key", "configs"),
+    _spec("quarantine-recovered", "a slot an earlier process died in, found now", "id", "config", "reason"),
+    _spec("slot", "one launch of a key in a tuning step", "step", "kernel", "key", "config_index", "iteration", "timed",
+          "ms", "failure", "ran"),
+    _spec("step", "one end-to-end timed step (a point, or objective='end_to_end')", "step", "point", "config_index",
+          "kind", "iteration", "timed", "ms", "failure"),
+    _spec("screen", "a screening pass's survivors (of a key or of a function's points)", "kept", "factor", "reduced",
+          "held"),
+    _spec("decision", "a key's winner, with every rank's timings", "kernel", "key", "point", "end_to_end", "winner",
+          "winner_config", "configs", "reduced", "reduced_q20", "reduced_q80", "per_rank", "local_failures",
+          "screened_out", "reduce", "stat", "world", "executions", "tuning_s"),
+    _spec("point-decision", "a function-level winner (autotune())", "function", "winner", "points", "reduced",
+          "reduced_q20", "reduced_q80", "per_rank", "margin", "screened_out", "failures", "kernels", "reduce", "stat",
+          "world", "executions", "tuning_s"),
+    _spec("point-failed", "a function-level point failed on some rank, skipped on every rank", "point", "kwargs",
+          "failures"),
+    _spec("validation", "a config's or a point's output checked against the reference", "ok", "reason", "mine"),
+    _spec("cache-hit", "a winner read from the persistent (or function) cache", "key", "winner", "path", "entry"),
+    _spec("cache-stale", "a cached entry of the key that no longer applies, and why", "kernel", "key", "path",
+          "reasons", "others"),
+    _spec("cache-store", "a winner stored in the persistent (or function) cache", "path"),
+    _spec("error", "no config of a key (or point of a function) is valid", "failures"),
+])
+
+
+class UnknownEventError(ValueError):
+    """A log event of a kind EVENTS does not declare, or missing a field its kind always carries."""
 
 
 def fmt_ms(ms: float | None) -> str:
@@ -52,6 +103,15 @@ class RankLog:
         self._jsonl = open(jsonl, "a", encoding="utf-8")
 
     def write(self, event: str, line: str, **fields: Any) -> None:
+        """`event`: a kind declared in EVENTS, so that report.py (and anyone reading the JSONL) knows it."""
+        spec = EVENTS.get(event)
+        if spec is None:
+            raise UnknownEventError(f"log event kind {event!r} is not declared in triton_ctx_tune.logs.EVENTS "
+                                    f"(declared: {', '.join(EVENTS)}). Fix: add an EventSpec for it there, and read "
+                                    "or ignore it in report.py")
+        if not spec.fields <= fields.keys():
+            raise UnknownEventError(f"log event {event!r} lacks the fields {sorted(spec.fields - fields.keys())} that "
+                                    "logs.EVENTS says every event of its kind carries")
         if print_autotuning() and self.rank == 0:
             print(f"[triton_ctx_tune] {line}", flush=True)
         if self.dir is None:

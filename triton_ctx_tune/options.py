@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .cache import resolve_dir
+# compile_workers owns its variable's parsing; options only reads it (imports run this way only).
+from .compile_workers import env_compile_workers, started_workers
 from .errors import InvalidOptionError, UnknownOptionError
 from .logs import DEFAULT_LOG_DIR
 
@@ -81,19 +83,6 @@ def _env_early_stop() -> float | None:
         raise InvalidOptionError("TRITON_CTX_TUNE_EARLY_STOP", raw,
                                  "a factor > 1 such as 1.5, 1/on for the default 1.5, or 0/off to turn it off")
     return factor
-
-
-def env_compile_workers() -> int | None:
-    """TRITON_CTX_TUNE_COMPILE_WORKERS: a count >= 0 (0: compile on threads only), or None when unset."""
-    raw = os.environ.get("TRITON_CTX_TUNE_COMPILE_WORKERS", "")
-    value = raw.strip()
-    if value == "":
-        return None
-    if not value.isdigit():
-        raise InvalidOptionError("TRITON_CTX_TUNE_COMPILE_WORKERS", raw,
-                                 "a number of worker processes >= 0 (0: compile on threads only); unset: none unless "
-                                 "start_compile_workers() started them")
-    return int(value)
 
 
 def env_snapshot_limit_mb() -> float:
@@ -324,7 +313,6 @@ class TuneOptions:
     def resolved_compile_workers(self) -> int:
         """How many compile worker processes this rank uses (0: threads only; none under the interpreter)."""
         from .compat import interpret_mode
-        from .compile_workers import started_workers
 
         if interpret_mode():
             return 0  # nothing is compiled there

@@ -1,9 +1,11 @@
 """What was chosen and why, read back from the per-rank JSONL logs (see logs.py and session.py).
 
-The events used: "call" (a tuning call starts), "decision" (a key is decided; its per_rank
-matrix is the same on every rank, its local_failures are the writer's own), "cache-hit" (a
-winner read from the persistent cache; rank 0's event carries the whole entry), "error" (no
-valid config) and "end". Logs are appended to across runs, so the latest event of a key wins.
+The event kinds are declared in logs.EVENTS; the report reads "call" (a tuning call starts),
+"decision" (a key is decided; its per_rank matrix is the same on every rank, its local_failures
+are the writer's own), "point-decision" (a function-level winner), "cache-hit" (a winner read
+from the persistent cache; rank 0's event carries the whole entry), "error" (no valid config)
+and "end" (_READERS), and says in IGNORED why it reads no other kind. Logs are appended to
+across runs, so the latest event of a key wins.
 """
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import CtxTuneError, MissingDependencyError
+from .logs import EVENTS
 
 _RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")
 
@@ -164,49 +167,100 @@ def add_entry(r: KeyReport, entry: dict[str, Any]) -> None:
     r.executions, r.tuning_s, r.date = tuned.get("executions"), tuned.get("tuning_s"), tuned.get("date")
 
 
+@dataclass
+class _Story:
+    """What the primary rank's events tell, read in file order."""
+    calls: dict[str, CallReport] = field(default_factory=dict)
+    keys: dict[tuple[str, str], KeyReport] = field(default_factory=dict)
+    functions: dict[str, PointReport] = field(default_factory=dict)
+    function: str | None = None  # the function of the last "call" event: the keys after it are its
+
+    def call(self, e: dict[str, Any]) -> None:
+        self.function = e.get("function")
+        c = self.calls.setdefault(self.function or "?", CallReport(self.function or "?"))
+        c.world, c.device, c.timer = e.get("world", 1), e.get("device", "?"), e.get("timer", "?")
+        c.calls += 1
+
+    def end(self, e: dict[str, Any]) -> None:
+        c = self.calls.setdefault(e.get("function") or "?", CallReport(e.get("function") or "?"))
+        c.executions += int(e.get("executions", 0))
+        c.wall_s += float(e.get("wall_s", 0.0))
+        if e.get("error"):
+            c.errors.append(str(e["error"]))
+
+    def point_decision(self, e: dict[str, Any]) -> None:
+        self.functions[e["function"]] = PointReport(
+            e["function"], list(e["points"]), int(e["winner"]), [_finite(x) for x in e["reduced"]],
+            [[_finite(x) for x in row] for row in e.get("per_rank", [])], _finite(e.get("margin")),
+            list(e.get("screened_out", [])), dict(e.get("failures", {})), list(e.get("kernels", [])),
+            int(e.get("world", 1)), str(e.get("stat", "median")), str(e.get("reduce", "max")))
+
+    def key_event(self, e: dict[str, Any]) -> None:
+        if "kernel" not in e:
+            return  # a function's (autotune()): its point-decision tells the story
+        kind = e["event"]
+        if kind == "decision":
+            r = _from_decision(e, self.function)
+        elif kind == "cache-hit":
+            r = _from_cache_hit(e, self.function)
+        else:
+            r = KeyReport(e["kernel"], repr(tuple(e["key"])), self.function, "error", error=dict(e.get("failures", {})))
+        previous = self.keys.get((r.kernel, r.key))
+        r.occurrences = 1 + (previous.occurrences if previous else 0)
+        self.keys[(r.kernel, r.key)] = r
+
+
+# How the report reads each kind of event in logs.EVENTS; the kinds it does not read are in IGNORED,
+# with the reason. tests/test_logs_schema.py holds the two together to EVENTS.
+_READERS: dict[str, Callable[[_Story, dict[str, Any]], None]] = {
+    "call": _Story.call,
+    "end": _Story.end,
+    "point-decision": _Story.point_decision,
+    "decision": _Story.key_event,
+    "cache-hit": _Story.key_event,
+    "error": _Story.key_event,
+}
+IGNORED: dict[str, str] = {
+    "precompile": "compile times; a config that failed to compile fails in its key's decision, with the reason",
+    "quarantine": "skipped configs; they fail in the key's decision with the quarantine's reason",
+    "quarantine-recovered": "what an earlier, dead process left: it names the config, which the next "
+                            "quarantine event of its key skips",
+    "slot": "raw samples; the decision carries their reduced statistics",
+    "step": "raw end-to-end samples; the decision or point-decision carries their reduced statistics",
+    "screen": "a screening pass's survivors; the decision that follows names the configs screened out",
+    "point-failed": "a point's failure; the point-decision carries every point's failure",
+    "validation": "each config's check; an invalid config fails in its key's decision with the reason",
+    "cache-stale": "why a cached entry was not used; the key is then tuned again and its decision read",
+    "cache-store": "where a winner was stored; the decision before it is the report's",
+}
+
+
+def schema_gaps() -> list[str]:
+    """Kinds of logs.EVENTS the report neither reads nor ignores, or that it names but EVENTS lacks."""
+    read, ignored, declared = set(_READERS), set(IGNORED), set(EVENTS)
+    return ([f"{k}: declared in logs.EVENTS, neither read by the report nor in report.IGNORED"
+             for k in sorted(declared - read - ignored)]
+            + [f"{k}: read by the report and in report.IGNORED" for k in sorted(read & ignored)]
+            + [f"{k}: named by the report, not declared in logs.EVENTS" for k in sorted((read | ignored) - declared)])
+
+
 def build(log_dir: Path) -> Report:
     events, problems = read_events(log_dir)
     ranks = list(events)
-    calls: dict[str, CallReport] = {}
-    keys: dict[tuple[str, str], KeyReport] = {}
-    functions: dict[str, PointReport] = {}
+    story = _Story()
     # The lowest rank present tells the story (its cache-hit events carry the entries); the other
     # ranks add their own failure reasons, which only they know.
     primary = ranks[0]
-    function: str | None = None
     for e in events[primary]:
         kind = e["event"]
+        reader = _READERS.get(kind)
+        if reader is None:
+            continue  # IGNORED, or a kind this version does not know
         try:
-            if kind == "call":
-                function = e.get("function")
-                c = calls.setdefault(function or "?", CallReport(function or "?"))
-                c.world, c.device, c.timer = e.get("world", 1), e.get("device", "?"), e.get("timer", "?")
-                c.calls += 1
-            elif kind == "end":
-                c = calls.setdefault(e.get("function") or "?", CallReport(e.get("function") or "?"))
-                c.executions += int(e.get("executions", 0))
-                c.wall_s += float(e.get("wall_s", 0.0))
-                if e.get("error"):
-                    c.errors.append(str(e["error"]))
-            elif kind == "point-decision":
-                functions[e["function"]] = PointReport(
-                    e["function"], list(e["points"]), int(e["winner"]), [_finite(x) for x in e["reduced"]],
-                    [[_finite(x) for x in row] for row in e.get("per_rank", [])], _finite(e.get("margin")),
-                    list(e.get("screened_out", [])), dict(e.get("failures", {})), list(e.get("kernels", [])),
-                    int(e.get("world", 1)), str(e.get("stat", "median")), str(e.get("reduce", "max")))
-            elif kind in ("decision", "cache-hit", "error") and "kernel" in e:
-                if kind == "decision":
-                    r = _from_decision(e, function)
-                elif kind == "cache-hit":
-                    r = _from_cache_hit(e, function)
-                else:
-                    r = KeyReport(e["kernel"], repr(tuple(e["key"])), function, "error",
-                                  error=dict(e.get("failures", {})))
-                previous = keys.get((r.kernel, r.key))
-                r.occurrences = 1 + (previous.occurrences if previous else 0)
-                keys[(r.kernel, r.key)] = r
+            reader(story, e)
         except (KeyError, TypeError, ValueError) as err:
             problems.append(f"rank-{primary}.jsonl: a {kind} event is missing fields ({err!r}), skipped")
+    calls, keys, functions = story.calls, story.keys, story.functions
     for rank, rows in events.items():
         last: dict[tuple[str, str], dict[str, Any]] = {}
         for e in rows:

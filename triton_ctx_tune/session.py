@@ -32,6 +32,7 @@ from .quarantine import Quarantine
 from . import precompile
 from .decisions import Decisions, TunedKey, plain_point
 from .search import Assignment, PointTunable, Search
+from .services import StepServices
 from .state import KeyState, Slot, SlotRecord
 from .timing import CudaEventTimer, CudaGraphTimer, HostTimer, make_timer
 from .validate import StepChecks, Validator
@@ -78,12 +79,18 @@ class Session:
         self.new_states: list[KeyState] = []
         self.launched: set[int] = set()  # ids of the states launched in this step
         self.tuning_launches = 0
-        self.on_point_decided: Callable[[Session, Any], None] | None = None
-        self.decisions = Decisions(self)
+        self.on_point_decided: Callable[[Session, Any], None] = lambda session, decided: None  # function_tuner's store
+        self.stats = CallStats(function)
+        # Getters, not values: comm, log, cache and progress are built on first use (a warm call builds none).
+        services = StepServices(
+            function, opts, self.search, self.stats, self.misses, get_comm=lambda: self.comm, get_log=lambda: self.log,
+            get_cache=lambda: self.cache, get_progress=lambda: self.progress, get_early_stop=lambda: self.early_stop,
+            get_new_states=lambda: self.new_states, ensure_header=self.ensure_header, point_failed=self.point_failed,
+            point_decided=lambda decided: self.on_point_decided(self, decided))
+        self.decisions = Decisions(services)
         self.validator = (Validator(opts.atol, opts.rtol, opts.max_mismatch_ratio, opts.compare)
                           if opts.validate else None)
-        self.checks = None if self.validator is None else StepChecks(self, self.validator)
-        self.stats = CallStats(function)
+        self.checks = None if self.validator is None else StepChecks(services, self.validator)
         self._started = time.perf_counter()
         self._logged_header = False
         # Autograd runs a backward's launches on its own thread while the caller waits, and a

@@ -23,7 +23,7 @@ from .errors import NothingToValidateError, call_hook
 
 if TYPE_CHECKING:
     from .search import Assignment
-    from .session import Session
+    from .services import StepServices
 
 
 @dataclass
@@ -116,59 +116,59 @@ class StepChecks:
     """Session's validating half: it takes the reference from its step, judges the (key, config) or
     the point a step checked, shares every rank's verdict, and plans checks for keys met in the step."""
 
-    def __init__(self, session: Session, validator: Validator) -> None:
-        self.session, self.validator = session, validator
+    def __init__(self, services: StepServices, validator: Validator) -> None:
+        self.services, self.validator = services, validator
         self.output_checked = False
 
     def after_step(self, a: Assignment, output: Any) -> None:
         """Take the reference, or judge the config this step checked; plan checks for keys met in it."""
-        session, v = self.session, self.validator
+        svc, v = self.services, self.validator
         if a.reference:
-            v.set_reference(output, session.function, "its result")
-            session.search.reference_pending = False
+            v.set_reference(output, svc.function, "its result")
+            svc.search.reference_pending = False
         elif a.validating is not None:
-            session.search.validation.pop(0)
+            svc.search.validation.pop(0)
             state, index = a.validating
             check = v.check(output) if index not in state.failures else None
             mine = {} if check is None or check.ok else {index: f"validation: {check.describe()}"}
-            shared = session.comm.share_failures(mine, len(state.configs), "share validation results")
+            shared = svc.comm.share_failures(mine, len(state.configs), "share validation results")
             for i, reason in shared.items():
                 state.fail(i, reason)
-            session.ensure_header()
+            svc.ensure_header()
             ok = index not in shared
             stats = {} if check is None else {"max_abs": check.max_abs, "max_rel": check.max_rel,
                                               "mismatch_ratio": check.mismatch_ratio}
-            session.log.write("validation", f"validation kernel={state.kernel} key={state.key!r} config#{index} "
-                              f"{{{config_str(state.configs[index])}}} " + ("ok" if ok else f"INVALID {shared[index]}"),
-                              kernel=state.kernel, key=list(state.key), config_index=index,
-                              config=config_str(state.configs[index]), ok=ok, reason=shared.get(index),
-                              mine=None if check is None else check.ok, **stats)
+            svc.log.write("validation", f"validation kernel={state.kernel} key={state.key!r} config#{index} "
+                          f"{{{config_str(state.configs[index])}}} " + ("ok" if ok else f"INVALID {shared[index]}"),
+                          kernel=state.kernel, key=list(state.key), config_index=index,
+                          config=config_str(state.configs[index]), ok=ok, reason=shared.get(index),
+                          mine=None if check is None else check.ok, **stats)
             if not ok:
-                session.progress.clear()
-                session.log.summary(f"{session.function}: {state.kernel} key={state.key!r}: config "
-                                    f"{{{config_str(state.configs[index])}}} is invalid ({shared[index]})")
-        if session.new_states:
-            session.search.plan_validation(session.new_states, user_reference=session.opts.reference is not None)
+                svc.progress.clear()
+                svc.log.summary(f"{svc.function}: {state.kernel} key={state.key!r}: config "
+                                f"{{{config_str(state.configs[index])}}} is invalid ({shared[index]})")
+        if svc.new_states:
+            svc.search.plan_validation(svc.new_states, user_reference=svc.opts.reference is not None)
 
     def point_invalid(self, a: Assignment, output: Any) -> bool:
         """Validate a point by its first execution, in which every kernel runs its first config, as in
         the reference: a point whose result differs fails on every rank, like one that raises."""
-        session, v = self.session, self.validator
+        svc, v = self.services, self.validator
         if not self.output_checked:
             # Every step that did not fail passes here first: the first one decides, before a second execution.
-            v.require_comparable(output, session.function, "its result")
+            v.require_comparable(output, svc.function, "its result")
             self.output_checked = True
-        pts = session.search.points
+        pts = svc.search.points
         if pts is None or a.point is None or a.point in pts.seen or a.fixed or v.reference is None:
             return False  # (point 0's first execution is, or precedes, the reference when none is given)
         check = v.check(output)
         mine = {} if check.ok else {a.point: f"validation: {check.describe()}"}
-        shared = session.comm.share_failures(mine, len(pts.configs), "share point validation results")
-        session.ensure_header()
+        shared = svc.comm.share_failures(mine, len(pts.configs), "share point validation results")
+        svc.ensure_header()
         ok = a.point not in shared
-        session.log.write("validation", f"validation point#{a.point} {a.kwargs} " + ("ok" if ok else f"INVALID {shared[a.point]}"),
-                          kind="point", point=a.point, kwargs=plain_point(a.kwargs), ok=ok, reason=shared.get(a.point),
-                          mine=check.ok, max_abs=check.max_abs, max_rel=check.max_rel, mismatch_ratio=check.mismatch_ratio)
+        svc.log.write("validation", f"validation point#{a.point} {a.kwargs} " + ("ok" if ok else f"INVALID {shared[a.point]}"),
+                      kind="point", point=a.point, kwargs=plain_point(a.kwargs), ok=ok, reason=shared.get(a.point),
+                      mine=check.ok, max_abs=check.max_abs, max_rel=check.max_rel, mismatch_ratio=check.mismatch_ratio)
         if not ok:
-            session.point_failed(a, shared[a.point], {str(session.comm.rank): mine[a.point]} if mine else {})
+            svc.point_failed(a, shared[a.point], {str(svc.comm.rank): mine[a.point]} if mine else {})
         return not ok
