@@ -1,6 +1,9 @@
 """online=True: the function runs once per call; calls take the keys' slots until every key is decided."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -8,6 +11,7 @@ from tests import kernels as K
 from tests.kernels import DEVICE, grid
 from triton_ctx_tune import contextual_autotune
 from triton_ctx_tune.errors import InvalidOptionError
+from triton_ctx_tune.report import build, format_report
 
 N = 128
 # precompile=False: each config compiles at its first slot, so the number of calls is exact (with
@@ -48,6 +52,14 @@ def test_each_call_runs_once_and_in_place_kernels_apply_once_without_restore_val
     step(x)  # warm: no session
     assert step._online is None and step.last_call.executions == 1 and runs["n"] == 10
     assert torch.equal(x, expected * 2 + 1)
+    # The report tells the cost of tuning online: the calls each key took, and when it was decided.
+    report = build(Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"]))
+    (online,) = report.online.values()
+    assert online.calls == 9 and len(online.wall_s) == 9
+    assert online.key_calls == {"double_ key=(128, 'torch.float32')": 9, "add_one_ key=(128, 'torch.float32')": 9}
+    assert online.decided_at == {"double_ key=(128, 'torch.float32')": 9, "add_one_ key=(128, 'torch.float32')": 9}
+    text = format_report(report)
+    assert "tuned online over 9 calls" in text and "double_ key=(128, 'torch.float32'): launched in 9 calls, decided at call 9" in text
 
 
 def test_with_background_compiles_no_call_waits_for_more_than_a_ready_config():

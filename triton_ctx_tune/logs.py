@@ -65,6 +65,8 @@ EVENTS: dict[str, EventSpec] = dict([
           "reasons", "others"),
     _spec("cache-store", "a winner stored in the persistent (or function) cache", "path"),
     _spec("error", "no config of a key (or point of a function) is valid", "failures"),
+    _spec("online-call", "one call of an online session (online=True): its wall time, the slots each key took in "
+          "it and the keys decided at its end", "function", "call", "wall_s", "keys", "decided"),
 ])
 
 

@@ -78,6 +78,16 @@ class PointReport:
 
 
 @dataclass
+class OnlineReport:
+    """An online session (online=True): the real calls it took, and per key when it was decided."""
+    function: str
+    calls: int = 0
+    wall_s: list[float] = field(default_factory=list)  # each call's wall time
+    key_calls: dict[str, int] = field(default_factory=dict)  # "kernel key" -> calls that launched it
+    decided_at: dict[str, int] = field(default_factory=dict)  # "kernel key" -> the call whose end decided it
+
+
+@dataclass
 class Report:
     log_dir: Path
     ranks: list[int]
@@ -85,6 +95,7 @@ class Report:
     keys: dict[tuple[str, str], KeyReport]
     problems: list[str]
     functions: dict[str, PointReport] = field(default_factory=dict)
+    online: dict[str, OnlineReport] = field(default_factory=dict)
 
 
 def _finite(x: Any) -> float | None:
@@ -173,6 +184,7 @@ class _Story:
     calls: dict[str, CallReport] = field(default_factory=dict)
     keys: dict[tuple[str, str], KeyReport] = field(default_factory=dict)
     functions: dict[str, PointReport] = field(default_factory=dict)
+    online: dict[str, OnlineReport] = field(default_factory=dict)
     function: str | None = None  # the function of the last "call" event: the keys after it are its
 
     def call(self, e: dict[str, Any]) -> None:
@@ -194,6 +206,16 @@ class _Story:
             [[_finite(x) for x in row] for row in e.get("per_rank", [])], _finite(e.get("margin")),
             list(e.get("screened_out", [])), dict(e.get("failures", {})), list(e.get("kernels", [])),
             int(e.get("world", 1)), str(e.get("stat", "median")), str(e.get("reduce", "max")))
+
+    def online_call(self, e: dict[str, Any]) -> None:
+        o = self.online.setdefault(e["function"], OnlineReport(e["function"]))
+        o.calls += 1
+        o.wall_s.append(float(e["wall_s"]))
+        for k in e["keys"]:
+            name = f"{k['kernel']} key={tuple(k['key'])!r}"
+            o.key_calls[name] = o.key_calls.get(name, 0) + 1
+        for k in e["decided"]:
+            o.decided_at[f"{k['kernel']} key={tuple(k['key'])!r}"] = int(e["call"])
 
     def key_event(self, e: dict[str, Any]) -> None:
         if "kernel" not in e:
@@ -219,6 +241,7 @@ _READERS: dict[str, Callable[[_Story, dict[str, Any]], None]] = {
     "decision": _Story.key_event,
     "cache-hit": _Story.key_event,
     "error": _Story.key_event,
+    "online-call": _Story.online_call,
 }
 IGNORED: dict[str, str] = {
     "precompile": "compile times; a config that failed to compile fails in its key's decision, with the reason",
@@ -277,7 +300,7 @@ def build(log_dir: Path) -> Report:
             failed = [rank for rank, row in enumerate(r.per_rank) if j < len(row) and row[j] is None]
             if failed and j not in r.failures:
                 r.failures[j] = {f"ranks {failed}": "no time (its rank's log has no reason)"}
-    return Report(log_dir, ranks, calls, keys, problems, functions)
+    return Report(log_dir, ranks, calls, keys, problems, functions, story.online)
 
 
 # ---- text -------------------------------------------------------------------------------------
@@ -370,6 +393,18 @@ def format_points(f: PointReport) -> list[str]:
     return out
 
 
+def format_online(o: OnlineReport) -> list[str]:
+    """The cost of tuning online: the calls each key took, and those calls' time above the session's last."""
+    last = o.wall_s[-1] if o.wall_s else 0.0
+    above = sum(w - last for w in o.wall_s)
+    lines = [f"{o.function}: tuned online over {o.calls} calls ({sum(o.wall_s):.3f} s; {above:.3f} s above "
+             f"{o.calls} calls at the last one's {last * 1e3:.3f} ms)"]
+    for name, n in o.key_calls.items():
+        at = o.decided_at.get(name)
+        lines.append(f"  {name}: launched in {n} calls, " + (f"decided at call {at}" if at else "not decided yet"))
+    return lines
+
+
 def format_report(report: Report) -> str:
     out = [f"triton_ctx_tune report: {report.log_dir} (ranks {', '.join(map(str, report.ranks))})", ""]
     if report.calls:
@@ -380,6 +415,9 @@ def format_report(report: Report) -> str:
         out.append("")
     for f in report.functions.values():
         out.extend(format_points(f))
+        out.append("")
+    for o in report.online.values():
+        out.extend(format_online(o))
         out.append("")
     if not report.keys and not report.functions:
         out.append("No key was tuned or read from the cache in these logs.")

@@ -589,6 +589,18 @@ class Session:
         self.progress.update(self.stats.executions, self.stats.executions + left)
         return False
 
+    def note_online_call(self, wall_s: float, decided_before: set[int]) -> None:
+        """Log one call of an online session: what it cost and what it advanced (report.py sums them)."""
+        keys = [{"kernel": s.kernel, "key": list(s.key), "slots": s.next_slot - self._slot_marks.get(id(s), 0)}
+                for s in self.search.kernels.values() if id(s) in self.launched]
+        decided = [{"kernel": s.kernel, "key": list(s.key)} for s in self.search.kernels.values()
+                   if s.decided and id(s) not in decided_before]
+        self.ensure_header()
+        self.log.write("online-call", f"online call {self.stats.executions}: {wall_s * 1e3:.3f} ms, "
+                       + ", ".join(f"{k['kernel']} key={tuple(k['key'])!r} {k['slots']} slots" for k in keys)
+                       + (f"; decided {len(decided)} keys" if decided else ""),
+                       function=self.function, call=self.stats.executions, wall_s=wall_s, keys=keys, decided=decided)
+
     def _name_suspects(self, e: CollectiveTimeoutError) -> None:
         """Ranks run the same slots in lockstep: a rank that never reached the step's end was most
         likely hung in one of the slots this rank ran in it (its own SlotHangError names which)."""

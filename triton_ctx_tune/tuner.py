@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Callable, Generic, TypeVar, overload
 
 import torch
@@ -123,7 +124,9 @@ class ContextualAutotuner(Generic[R]):
             result = self.fn(*args, **kwargs)
             session = call.session  # a key not tuned yet starts a session midway (call.py)
             if session is not None:
+                decided = {id(s) for s in session.search.kernels.values() if s.decided}
                 session.end_step(output=result)
+                session.note_online_call(time.perf_counter() - call.started, decided)
                 self._online = None if session.search.finished else session
         except BaseException as e:
             if isinstance(e, Exception):
