@@ -3,7 +3,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 here = Path(__file__).parent
 version = re.search(r'__version__ = "([^"]+)"', (here / "triton_ctx_tune" / "__init__.py").read_text()).group(1)
@@ -14,9 +14,9 @@ setup(
     description="A torch.distributed-native contextual autotuner for Triton",
     long_description=(here / "README.md").read_text(),
     long_description_content_type="text/markdown",
-    packages=["triton_ctx_tune"],
+    packages=find_packages(include=["triton_ctx_tune", "triton_ctx_tune.*"]),
     python_requires=">=3.9",
     install_requires=["triton>=3.4", "torch>=2.4", "numpy"],
     extras_require={"test": ["pytest>=7"], "plot": ["matplotlib"], "clients": ["fla-core==0.6.0", "cut-cross-entropy==25.1.1"]},
-    entry_points={"console_scripts": ["triton-ctx-tune=triton_ctx_tune.cli:main"]},
+    entry_points={"console_scripts": ["triton-ctx-tune=triton_ctx_tune.tools.cli:main"]},
 )

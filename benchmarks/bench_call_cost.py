@@ -31,7 +31,8 @@ from triton.runtime.autotuner import Autotuner  # noqa: E402
 
 PRISTINE_RUN = Autotuner.__dict__["run"]
 
-from triton_ctx_tune import contextual_autotune, patch  # noqa: E402
+from triton_ctx_tune import contextual_autotune  # noqa: E402
+from triton_ctx_tune.runtime import patch  # noqa: E402
 
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((128, 1), (256, 2), (512, 4), (1024, 4))]
 

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.runtime.autotuner import Autotuner
 
-from triton_ctx_tune.timing import HostTimer, _sleep_cycles_per_second, make_timer
+from triton_ctx_tune.runtime.timing import HostTimer, _sleep_cycles_per_second, make_timer
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SLOW_MS = 15.0

@@ -13,7 +13,7 @@ import torch.utils.checkpoint
 from tests import kernels as K
 from tests.kernels import DEVICE, chosen, grid
 from triton_ctx_tune import UnattributedLaunchWarning, carry, contextual_autotune
-from triton_ctx_tune import resolver
+from triton_ctx_tune.runtime import resolver
 
 FAST = dict(n_warmup=1, n_repeat=2, early_stop=False)  # 3 slots per config, every config measured fully
 

@@ -17,7 +17,7 @@ from tests import kernels as K
 from tests.kernels import DEVICE, grid
 from triton_ctx_tune import (InvalidOptionError, NoValidConfigError, autotune, carry, contextual_autotune,
                              start_compile_workers)
-from triton_ctx_tune.compat import Autotuner
+from triton_ctx_tune.runtime.compat import Autotuner
 from triton_ctx_tune.errors import (CacheError, CtxTuneError, NoProcessGroupError, NothingToValidateError,
                                     NoValidPointError, UnknownOptionError, UserHookError)
 from triton_ctx_tune.options import ENVIRONMENT, TuneOptions
@@ -98,7 +98,7 @@ def test_bad_environment_variable_fails_where_the_decorator_is_built(tmp_path, m
 
 def test_every_environment_variable_the_package_reads_is_checked_and_documented():
     read = set()
-    for path in (ROOT / "triton_ctx_tune").glob("*.py"):
+    for path in (ROOT / "triton_ctx_tune").rglob("*.py"):
         read |= set(re.findall(r"TRITON_CTX_TUNE_[A-Z_]+[A-Z]", path.read_text()))
     assert read == set(ENVIRONMENT), "a variable is read but not checked when the decorator is built, or vice versa"
     table = ROOT.joinpath("docs/options.md").read_text().split("## Environment variables", 1)[1].split("\n## ", 1)[0]
@@ -113,7 +113,7 @@ def test_every_environment_variable_the_package_reads_is_checked_and_documented(
 
 
 def run_cli(capsys, *argv: object) -> tuple[int, str, str]:
-    from triton_ctx_tune.cli import main
+    from triton_ctx_tune.tools.cli import main
 
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()
@@ -133,7 +133,7 @@ def tune_double(cache: Path) -> None:
 
 
 def test_cache_clear_in_a_shared_folder_removes_only_our_entries(tmp_path, capsys):
-    from triton_ctx_tune import cache as C
+    from triton_ctx_tune.store import cache as C
 
     shared = tmp_path / "shared"
     tune_double(shared)
@@ -310,7 +310,7 @@ def _env_then_decorate(name: str, value: str) -> Callable[[Ctx], object]:
 
 def _cli(*argv: str) -> Callable[[Ctx], object]:
     """Run a command as main() does, but let its error out, so that its class can be checked."""
-    from triton_ctx_tune.cli import build_parser
+    from triton_ctx_tune.tools.cli import build_parser
 
     def act(c: Ctx) -> object:
         args = build_parser().parse_args([a.format(tmp=c.tmp) for a in argv])
@@ -354,7 +354,7 @@ def _none(x: torch.Tensor) -> None:
 
 
 def _export_with_a_bad_entry(c: Ctx) -> None:
-    from triton_ctx_tune import cache as C
+    from triton_ctx_tune.store import cache as C
 
     (c.tmp / "export.json").write_text(json.dumps({"format": C.EXPORT_FORMAT, "entries": [{"format": C.FORMAT}]}))
 
@@ -522,8 +522,8 @@ def _files(root: Path) -> dict[str, bytes | None]:
 
 
 def _process_state() -> tuple:
-    from triton_ctx_tune import patch, resolver
-    from triton_ctx_tune.compile_workers import started_workers
+    from triton_ctx_tune.runtime import patch, resolver
+    from triton_ctx_tune.compile.compile_workers import started_workers
 
     return (Autotuner.__dict__["run"], patch.resident, patch._installs, resolver.current(), set(resolver.open_calls),
             {name: K.chosen(k) for name, k in (("double_", K.double_), ("add_one_", K.add_one_))}, started_workers())
@@ -531,7 +531,7 @@ def _process_state() -> tuple:
 
 @pytest.mark.parametrize("case", MISUSES, ids=[c.name for c in MISUSES])
 def test_misuse_gets_a_named_error_that_says_the_fix_and_changes_nothing(case, tmp_path, monkeypatch):
-    from triton_ctx_tune import patch
+    from triton_ctx_tune.runtime import patch
 
     assert len(case.says) >= 2, "a row names what was wrong and the fix"
     assert issubclass(case.error, CtxTuneError) or case.error is LaunchRefused
@@ -560,7 +560,7 @@ CLI_ROWS = [c for c in MISUSES if c.argv is not None]
 
 @pytest.mark.parametrize("case", CLI_ROWS, ids=[c.name for c in CLI_ROWS])
 def test_cli_misuse_exits_1_with_the_message_on_stderr(case, tmp_path, monkeypatch, capsys):
-    from triton_ctx_tune.cli import main
+    from triton_ctx_tune.tools.cli import main
 
     c = Ctx(tmp_path, monkeypatch)
     if case.setup is not None:

@@ -24,10 +24,10 @@ from tests import cache_worker as W
 from tests import kernels as K
 from tests.kernels import DEVICE, autotuner, chosen, grid
 from triton_ctx_tune import InvalidOptionError, contextual_autotune
-from triton_ctx_tune import cache as C
-from triton_ctx_tune.compat import config_str, config_to_dict
+from triton_ctx_tune.store import cache as C
+from triton_ctx_tune.runtime.compat import config_str, config_to_dict
 from triton_ctx_tune.errors import CacheWarning
-from triton_ctx_tune.fingerprint import callable_digest
+from triton_ctx_tune.store.fingerprint import callable_digest
 from triton_ctx_tune.options import TuneOptions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -371,7 +371,7 @@ def test_cache_options_and_default_directory(tmp_path, monkeypatch):
 _WRITER = """
 import json, sys, time
 from pathlib import Path
-from triton_ctx_tune import cache as C
+from triton_ctx_tune.store import cache as C
 directory, go, me, rounds = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 entries = [json.loads(Path(p).read_text()) for p in sys.argv[5:]]
 while not go.exists():
@@ -542,7 +542,7 @@ def test_other_world_size_misses(three_jobs, tmp_path):
 
 
 def test_report_on_two_rank_logs_shows_the_spread_over_ranks(three_jobs, capsys):
-    from triton_ctx_tune.cli import main
+    from triton_ctx_tune.tools.cli import main
 
     assert main(["report", str(three_jobs["base"] / "cold" / "logs")]) == 0
     out = capsys.readouterr().out

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.kernels import DEVICE
-from triton_ctx_tune import cache as C
+from triton_ctx_tune.store import cache as C
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -183,9 +183,9 @@ def test_an_entry_from_another_device_or_triton_or_cache_format_misses_and_says_
 
 COMPARE = """
 import importlib, json, sys
-from triton_ctx_tune import cache as C
-from triton_ctx_tune.compat import jit_function
-from triton_ctx_tune.fingerprint import kernel_code
+from triton_ctx_tune.store import cache as C
+from triton_ctx_tune.runtime.compat import jit_function
+from triton_ctx_tune.store.fingerprint import kernel_code
 
 out = {}
 for variant in sys.argv[1:]:
@@ -236,7 +236,7 @@ def test_compiled_kernels_change_identity_where_triton_cache_key_does_except_for
 
 
 def test_importing_entries_of_the_previous_format_is_refused_with_the_fix(tmp_path, capsys):
-    from triton_ctx_tune.cli import main
+    from triton_ctx_tune.tools.cli import main
 
     old_entry = {"format": "triton_ctx_tune.cache/1", "id": "0" * 64,
                  "identity": {"format": "triton_ctx_tune.cache/1", "kernel": "matmul_kernel", "key": "(32, 64)"}}

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from triton_ctx_tune.cache import device_identity
+from triton_ctx_tune.store.cache import device_identity
 import torch
 
 from tests import kernels as K
 from tests.kernels import DEVICE, grid
-from triton_ctx_tune import cache as C
+from triton_ctx_tune.store import cache as C
 from triton_ctx_tune import contextual_autotune
-from triton_ctx_tune.cli import main
+from triton_ctx_tune.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = dict(n_warmup=1, n_repeat=2, early_stop=False)  # 3 slots per config

@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import HAS_CUDA
 from tests.worker_kernels import HAS_CONSTEXPR_FUNCTION
-from triton_ctx_tune.compile_workers import default_workers
+from triton_ctx_tune.compile.compile_workers import default_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_constexpr_function = pytest.mark.skipif(not HAS_CONSTEXPR_FUNCTION,

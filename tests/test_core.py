@@ -17,9 +17,9 @@ from tests import kernels as K
 from tests.kernels import DEVICE, autotuner, chosen, grid
 from triton_ctx_tune import (CtxTuneError, InvalidOptionError, NoValidConfigError, autotuner_patch,
                              contextual_autotune)
-from triton_ctx_tune import patch as ctx_patch
-from triton_ctx_tune import resolver
-from triton_ctx_tune.compat import interpret_mode, interpreter_numpy_note
+from triton_ctx_tune.runtime import patch as ctx_patch
+from triton_ctx_tune.runtime import resolver
+from triton_ctx_tune.runtime.compat import interpret_mode, interpreter_numpy_note
 
 ORIGINAL_RUN = Autotuner.__dict__["run"]
 FAST = dict(n_warmup=1, n_repeat=2, early_stop=False)  # 3 slots per config, every config measured fully
@@ -202,7 +202,7 @@ def serialized_interpreter(monkeypatch):
     """Triton's interpreter patches triton.language globals while a kernel runs, so two kernels
     interpreted at once in two threads break each other. Serialize the kernel bodies only;
     the tuning sessions still interleave between launches (the tuned functions pause there)."""
-    from triton_ctx_tune.compat import interpret_mode
+    from triton_ctx_tune.runtime.compat import interpret_mode
 
     if not interpret_mode():
         return
@@ -586,7 +586,7 @@ def test_numpy_note_only_for_the_versions_that_have_the_bug():
 
 
 def test_the_fast_tuning_key_is_tritons_key_for_every_way_of_passing_arguments():
-    from triton_ctx_tune.compat import triton_key, tuning_key
+    from triton_ctx_tune.runtime.compat import triton_key, tuning_key
     from tests.kernels import scale_copy
 
     at = autotuner(scale_copy)

@@ -11,7 +11,7 @@ import triton
 
 from tests.kernels import DEVICE, autotuner, chosen, costly, double_, grid, screened_add_one_, spend
 from triton_ctx_tune import InvalidOptionError, autotune, contextual_autotune
-from triton_ctx_tune.report import build, format_report
+from triton_ctx_tune.tools.report import build, format_report
 
 # One execution per end-to-end step (the GPU's default is 3): the counts below assume it.
 FAST = dict(n_warmup=1, n_repeat=2, cache=False, e2e_runs=1)

@@ -9,7 +9,8 @@ import triton
 import triton.language as tl
 
 from tests.kernels import autotuner, chosen
-from triton_ctx_tune import contextual_autotune, timing
+from triton_ctx_tune import contextual_autotune
+from triton_ctx_tune.runtime import timing
 
 pytestmark = pytest.mark.gpu
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from triton_ctx_tune import report
-from triton_ctx_tune.logs import EVENTS, RankLog, UnknownEventError
+from triton_ctx_tune.tools import report
+from triton_ctx_tune.tools.logs import EVENTS, RankLog, UnknownEventError
 
 PACKAGE = Path(__file__).resolve().parents[1] / "triton_ctx_tune"
 
@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "triton_ctx_tune"
 def _log_writes() -> list[tuple[str, int, ast.Call]]:
     """Every call that writes a log event: `<...>.log.write(...)` anywhere, and RankLog's own `self.write(...)`."""
     found = []
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "write"):
                 continue

@@ -11,7 +11,7 @@ from tests import kernels as K
 from tests.kernels import DEVICE, grid
 from triton_ctx_tune import contextual_autotune
 from triton_ctx_tune.errors import InvalidOptionError
-from triton_ctx_tune.report import build, format_report
+from triton_ctx_tune.tools.report import build, format_report
 
 N = 128
 # precompile=False: each config compiles at its first slot, so the number of calls is exact (with

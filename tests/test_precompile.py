@@ -123,7 +123,7 @@ def test_the_compiler_hash_every_compile_keys_on_is_primed_once():
     libtriton): precompile computes it first, once. Found in this Triton, and cached by it."""
     import importlib
 
-    from triton_ctx_tune.compat import prime_compiler_hash
+    from triton_ctx_tune.runtime.compat import prime_compiler_hash
 
     assert prime_compiler_hash()
     homes = [importlib.import_module(m) for m in ("triton.runtime.cache", "triton.compiler.compiler")]

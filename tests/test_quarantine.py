@@ -160,7 +160,7 @@ def test_only_a_configs_first_launch_is_noted_and_waited_for(tmp_path, monkeypat
 
     from tests.kernels import DEVICE, double_, grid
     from triton_ctx_tune import contextual_autotune
-    from triton_ctx_tune.quarantine import Quarantine
+    from triton_ctx_tune.store.quarantine import Quarantine
 
     noted: list[int] = []
     begin = Quarantine.begin

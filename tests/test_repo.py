@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from triton_ctx_tune.compat import SUPPORTED
+from triton_ctx_tune.runtime.compat import SUPPORTED
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from triton_ctx_tune.options import TuneOptions
-from triton_ctx_tune.session import Session
+from triton_ctx_tune.engine.session import Session
 
 LAZY = ("comm", "log", "cache", "progress", "early_stop")
 

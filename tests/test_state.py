@@ -5,7 +5,7 @@ import math
 
 import triton
 
-from triton_ctx_tune.state import KeyState, Slot, pick_winner, summarize
+from triton_ctx_tune.engine.state import KeyState, Slot, pick_winner, summarize
 
 
 def _state(n_configs: int = 3, n_warmup: int = 1, n_repeat: int = 2) -> KeyState:

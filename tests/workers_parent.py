@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
-from triton_ctx_tune import compat  # noqa: E402
+from triton_ctx_tune.runtime import compat  # noqa: E402
 
 compat.use_compile_only_driver(GPUTarget("cuda", 90, 32))
 
@@ -32,10 +32,10 @@ import triton.language as tl  # noqa: E402
 from tests import kernels as K  # noqa: E402
 from tests import worker_kernels as W  # noqa: E402
 from tests.kernels import block_configs  # noqa: E402
-from triton_ctx_tune import precompile as P  # noqa: E402
-from triton_ctx_tune.collectives import Collectives  # noqa: E402
-from triton_ctx_tune.compile_workers import get_pool, start_compile_workers  # noqa: E402
-from triton_ctx_tune.state import KeyState  # noqa: E402
+from triton_ctx_tune.compile import precompile as P  # noqa: E402
+from triton_ctx_tune.runtime.collectives import Collectives  # noqa: E402
+from triton_ctx_tune.compile.compile_workers import get_pool, start_compile_workers  # noqa: E402
+from triton_ctx_tune.engine.state import KeyState  # noqa: E402
 
 P.load_binary = lambda kernel: None  # loading onto a GPU is the one step this machine cannot take
 CACHE = Path(os.environ["TRITON_CACHE_DIR"])

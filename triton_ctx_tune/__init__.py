@@ -1,4 +1,11 @@
-"""triton_ctx_tune: a torch.distributed-native contextual autotuner for Triton."""
+"""triton_ctx_tune: a torch.distributed-native contextual autotuner for Triton.
+
+The public modules sit here: tuner.py (contextual_autotune) and function_tuner.py (autotune) with
+options.py (TuneOptions) and errors.py. Below them, one folder per layer, imports running downward:
+engine/ (a tuned call, its steps and decisions), compile/ (precompiling configs, compile workers),
+store/ (the caches and quarantine), tools/ (logs, report, the CLI) and runtime/ (Triton and
+torch.distributed, at the bottom). Each folder's __init__.py says what it holds and what it imports.
+"""
 from __future__ import annotations
 
 __version__ = "0.1.0"
@@ -7,10 +14,10 @@ from .errors import (CollectiveTimeoutError, CtxTuneError, EmptyConfigSpaceError
                      NoProcessGroupError, NothingToValidateError, NoValidConfigError, NoValidPointError,
                      RankMismatchError, StateNotRestorableError, TuneDuringCaptureError, UnattributedLaunchWarning,
                      UserHookError)
-from .compile_workers import start_compile_workers  # noqa: E402
-from .patch import autotuner_patch  # noqa: E402
-from .resolver import carry  # noqa: E402
-from .session import CallStats  # noqa: E402
+from .compile.compile_workers import start_compile_workers  # noqa: E402
+from .runtime.patch import autotuner_patch  # noqa: E402
+from .runtime.resolver import carry  # noqa: E402
+from .engine.session import CallStats  # noqa: E402
 from .tuner import ContextualAutotuner, contextual_autotune  # noqa: E402
 from .function_tuner import FunctionAutotuner, autotune  # noqa: E402
 

@@ -1,6 +1,6 @@
 """`python -m triton_ctx_tune <verb>`: see cli.py."""
 from __future__ import annotations
 
-from .cli import main
+from .tools.cli import main
 
 raise SystemExit(main())

@@ -22,14 +22,15 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 
-from . import function_cache, patch, resolver
-from .call import Call
-from .compat import Autotuner, config_str
-from .collectives import require_process_group
+from .store import function_cache
+from .runtime import patch, resolver
+from .engine.call import Call
+from .runtime.compat import Autotuner, config_str
+from .runtime.collectives import require_process_group
 from .errors import InvalidOptionError, call_hook
 from .options import TuneOptions
-from .search import PointTunable
-from .session import CallStats, Session
+from .engine.search import PointTunable
+from .engine.session import CallStats, Session
 from .tuner import ContextualAutotuner
 
 R = TypeVar("R")

@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from .cache import resolve_dir
+from .store.cache import resolve_dir
 # compile_workers owns its variable's parsing; options only reads it (imports run this way only).
-from .compile_workers import env_compile_workers, started_workers
+from .compile.compile_workers import env_compile_workers, started_workers
 from .errors import InvalidOptionError, UnknownOptionError
-from .logs import DEFAULT_LOG_DIR
+from .tools.logs import DEFAULT_LOG_DIR
 
 REDUCTIONS = ("max", "mean")
 STATISTICS = ("median", "mean", "min")
@@ -38,7 +38,7 @@ _FALSE = ("0", "false", "no", "off")
 def _has_cuda_graphs() -> bool:
     import torch
 
-    from .compat import interpret_mode
+    from .runtime.compat import interpret_mode
 
     return torch.cuda.is_available() and not interpret_mode()
 
@@ -312,7 +312,7 @@ class TuneOptions:
 
     def resolved_compile_workers(self) -> int:
         """How many compile worker processes this rank uses (0: threads only; none under the interpreter)."""
-        from .compat import interpret_mode
+        from .runtime.compat import interpret_mode
 
         if interpret_mode():
             return 0  # nothing is compiled there

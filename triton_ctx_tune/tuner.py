@@ -7,14 +7,14 @@ from typing import Any, Callable, Generic, TypeVar, overload
 
 import torch
 
-from . import patch, resolver
-from .collectives import require_process_group
-from .call import Call
-from .compat import explain_error
+from .runtime import patch, resolver
+from .runtime.collectives import require_process_group
+from .engine.call import Call
+from .runtime.compat import explain_error
 from .errors import call_hook
-from .exactly_once import StateGuard, stop_unless_restorable
+from .engine.exactly_once import StateGuard, stop_unless_restorable
 from .options import TuneOptions
-from .session import CallStats, Session
+from .engine.session import CallStats, Session
 
 R = TypeVar("R")
 

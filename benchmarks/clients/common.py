@@ -16,7 +16,7 @@ import torch
 from triton.runtime.autotuner import Autotuner
 
 from benchlib import Ranks, rel_fro
-from triton_ctx_tune.compat import config_str, kernel_name
+from triton_ctx_tune.runtime.compat import config_str, kernel_name
 
 
 @dataclass(frozen=True)

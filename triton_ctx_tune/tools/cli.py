@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import cache as C
+from ..store import cache as C
 from . import report as R
-from .errors import CacheError, CtxTuneError
+from ..errors import CacheError, CtxTuneError
 from .logs import DEFAULT_LOG_DIR
 
 _DESCRIPTION = "Inspect what triton_ctx_tune chose and why, and manage its persistent tuning cache."

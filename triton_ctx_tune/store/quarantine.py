@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from .collectives import Collectives
-from .errors import CacheWarning, SlotHangError
+from ..runtime.collectives import Collectives
+from ..errors import CacheWarning, SlotHangError
 
 
 @dataclass(frozen=True)

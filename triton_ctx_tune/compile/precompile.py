@@ -36,11 +36,11 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from .collectives import Collectives
-from .compat import (compile_only, config_failure_reason, describe_compile, interpret_mode, kernel_modules, load_binary,
+from ..runtime.collectives import Collectives
+from ..runtime.compat import (compile_only, config_failure_reason, describe_compile, interpret_mode, kernel_modules, load_binary,
                      prime_compiler_hash)
 from .compile_workers import WorkerPool, get_pool
-from .state import KeyState
+from ..engine.state import KeyState
 
 # A thread that hands its config to a worker waits this much longer than compile_timeout_s, so that
 # a compile that hangs in the worker is ended by the worker's own limit, which kills it.

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .errors import CollectiveTimeoutError, NoProcessGroupError
+from ..errors import CollectiveTimeoutError, NoProcessGroupError
 
 
 def _dist() -> Any:

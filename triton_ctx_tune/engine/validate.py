@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from .compat import config_str
+from ..runtime.compat import config_str
 from .decisions import plain_point
-from .errors import NothingToValidateError, call_hook
+from ..errors import NothingToValidateError, call_hook
 
 if TYPE_CHECKING:
     from .search import Assignment

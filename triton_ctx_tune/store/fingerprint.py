@@ -21,7 +21,7 @@ import hashlib
 import types
 from typing import Any, Callable, Iterator, Mapping
 
-from .compat import aggregate_members, constexpr_value, is_triton_builtin, jit_info
+from ..runtime.compat import aggregate_members, constexpr_value, is_triton_builtin, jit_info
 
 _PRIMITIVES = (type(None), bool, int, float, complex, str, bytes)
 _MAX_DEPTH = 4

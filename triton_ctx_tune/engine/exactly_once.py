@@ -36,7 +36,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
-from .errors import StateNotRestorableError
+from ..errors import StateNotRestorableError
 
 # Ops whose schema does not mark what they write (native_batch_norm updates running_mean/var in
 # training without an `a!`): the positions of the arguments they write.

@@ -38,9 +38,9 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from . import __version__
-from .collectives import Collectives
-from .compat import (
+from .. import __version__
+from ..runtime.collectives import Collectives
+from ..runtime.compat import (
     TRITON_VERSION,
     Autotuner,
     Config,
@@ -53,7 +53,7 @@ from .compat import (
     jit_function,
     kernel_name,
 )
-from .errors import CacheWarning, RankMismatchError
+from ..errors import CacheWarning, RankMismatchError
 from .fingerprint import callable_digest, kernel_code
 
 FORMAT = "triton_ctx_tune.cache/2"  # /1 hashed the outer kernel's source alone

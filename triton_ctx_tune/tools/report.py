@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import CtxTuneError, MissingDependencyError
+from ..errors import CtxTuneError, MissingDependencyError
 from .logs import EVENTS
 
 _RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional, Protocol, TypeVar
 import torch
 
 from .compat import kernel_name, tuning_key
-from .errors import InvalidOptionError, UnattributedLaunchWarning
+from ..errors import InvalidOptionError, UnattributedLaunchWarning
 
 T = TypeVar("T")
 

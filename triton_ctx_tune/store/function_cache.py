@@ -20,11 +20,11 @@ from typing import Any, Callable
 
 import torch
 
-from . import __version__
+from .. import __version__
 from .cache import _jsonable, canonical, device_arch, device_identity, entry_filename, entry_id, write_json_atomically
-from .collectives import Collectives
-from .compat import TRITON_VERSION
-from .errors import CacheWarning, RankMismatchError
+from ..runtime.collectives import Collectives
+from ..runtime.compat import TRITON_VERSION
+from ..errors import CacheWarning, RankMismatchError
 from .fingerprint import callable_digest
 
 FORMAT = "triton_ctx_tune.function-cache/1"

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from . import __version__
-from .compat import TRITON_VERSION, print_autotuning
+from .. import __version__
+from ..runtime.compat import TRITON_VERSION, print_autotuning
 
 DEFAULT_LOG_DIR = "./.autotune_logs"
 _calls = itertools.count(1)
@@ -108,7 +108,7 @@ class RankLog:
         """`event`: a kind declared in EVENTS, so that report.py (and anyone reading the JSONL) knows it."""
         spec = EVENTS.get(event)
         if spec is None:
-            raise UnknownEventError(f"log event kind {event!r} is not declared in triton_ctx_tune.logs.EVENTS "
+            raise UnknownEventError(f"log event kind {event!r} is not declared in triton_ctx_tune.tools.logs.EVENTS "
                                     f"(declared: {', '.join(EVENTS)}). Fix: add an EventSpec for it there, and read "
                                     "or ignore it in report.py")
         if not spec.fields <= fields.keys():

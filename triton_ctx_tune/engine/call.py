@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from .compat import Autotuner, kernel_name, launch_cached, prune_configs, tuning_key
-from .errors import EmptyConfigSpaceError, TuneDuringCaptureError
+from ..runtime.compat import Autotuner, kernel_name, launch_cached, prune_configs, tuning_key
+from ..errors import EmptyConfigSpaceError, TuneDuringCaptureError
 from .exactly_once import StateGuard, paused
-from .options import TuneOptions
-from .patch import original_run
+from ..options import TuneOptions
+from ..runtime.patch import original_run
 from .session import CallStats, Session
 
 _start_lock = threading.Lock()

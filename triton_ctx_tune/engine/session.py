@@ -18,23 +18,23 @@ from typing import Any, Callable
 
 import torch
 
-from .cache import Lookup, TuningCache, entry_id, identity, resolve_dir
-from .collectives import Collectives
-from .compat import (Autotuner, compile_only, config_failure_reason, config_str, kernel_name, launch_cached, launch_config,
+from ..store.cache import Lookup, TuningCache, entry_id, identity, resolve_dir
+from ..runtime.collectives import Collectives
+from ..runtime.compat import (Autotuner, compile_only, config_failure_reason, config_str, kernel_name, launch_cached, launch_config,
                      prune_configs, reset_before_final_launch, restores, tuning_key)
-from .errors import CollectiveTimeoutError, CtxTuneError, EmptyConfigSpaceError, NoValidPointError, RankMismatchError
+from ..errors import CollectiveTimeoutError, CtxTuneError, EmptyConfigSpaceError, NoValidPointError, RankMismatchError
 from .exactly_once import paused
-from .logs import RankLog, fmt_ms
-from .options import TuneOptions
-from .patch import original_run
+from ..tools.logs import RankLog, fmt_ms
+from ..options import TuneOptions
+from ..runtime.patch import original_run
 from .progress import Progress, steps_left
-from .quarantine import Quarantine
-from . import precompile
+from ..store.quarantine import Quarantine
+from ..compile import precompile
 from .decisions import Decisions, TunedKey, plain_point
 from .search import Assignment, PointTunable, Search
 from .services import StepServices
 from .state import KeyState, Slot, SlotRecord
-from .timing import CudaEventTimer, CudaGraphTimer, HostTimer, make_timer
+from ..runtime.timing import CudaEventTimer, CudaGraphTimer, HostTimer, make_timer
 from .validate import StepChecks, Validator
 
 

@@ -30,9 +30,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .compat import (LaunchSpec, compile_described, compile_target, config_failure_reason, prime_compiler_hash,
+from ..runtime.compat import (LaunchSpec, compile_described, compile_target, config_failure_reason, prime_compiler_hash,
                      use_compile_only_driver)
-from .errors import InvalidOptionError
+from ..errors import InvalidOptionError
 
 # Seconds a new worker may take to import torch, triton and this package before it is given up on.
 BOOT_TIMEOUT_S = 300.0
@@ -40,8 +40,8 @@ BOOT_TIMEOUT_S = 300.0
 # (an environment the child cannot import in), and the threads compile instead.
 MAX_BOOT_FAILURES = 3
 
-_ROOT = str(Path(__file__).resolve().parents[1])
-_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from triton_ctx_tune.compile_workers import serve; "
+_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds triton_ctx_tune/
+_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from triton_ctx_tune.compile.compile_workers import serve; "
          "serve(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))")
 
 
@@ -308,7 +308,7 @@ def start_compile_workers(size: int | None = None, preload: tuple[str, ...] = ()
     `preload`: the modules that define your kernels (e.g. ``("fla.ops.simple_gla",)``), imported by each
     worker while it starts; otherwise a worker imports a kernel's module at its first job.
     """
-    from .compat import interpret_mode
+    from ..runtime.compat import interpret_mode
 
     # Checked before the interpreter returns early: a bad call must fail on the CPU as on the GPU.
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
-    from .cache import Lookup, TuningCache
-    from .collectives import Collectives
-    from .logs import RankLog
-    from .options import TuneOptions
+    from ..store.cache import Lookup, TuningCache
+    from ..runtime.collectives import Collectives
+    from ..tools.logs import RankLog
+    from ..options import TuneOptions
     from .progress import Progress
     from .search import Assignment, Search
     from .state import KeyState

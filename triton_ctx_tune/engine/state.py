@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from .compat import Autotuner, Config, config_str
+from ..runtime.compat import Autotuner, Config, config_str
 
 
 @dataclass(frozen=True)

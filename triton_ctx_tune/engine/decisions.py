@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .compat import config_str, notify_listener
-from .errors import NoValidConfigError, NoValidPointError
-from .logs import fmt_ms
+from ..runtime.compat import config_str, notify_listener
+from ..errors import NoValidConfigError, NoValidPointError
+from ..tools.logs import fmt_ms
 from .search import PointTunable
 from .state import KeyState, Tunable, pick_winner, screen
 
