@@ -206,7 +206,7 @@ def pin_first_configs(autotuners: list[Any]) -> Callable[[], None]:
 
     for at in autotuners:
         library_prune = at.prune_configs
-        at.prune_configs = lambda kwargs, _prune=library_prune: list(_prune(kwargs))[:1]
+        at.prune_configs = lambda *args, _prune=library_prune, **kwargs: list(_prune(*args, **kwargs))[:1]
         at._bench = lambda *args, config=None, **kwargs: [0.0, 0.0, 0.0]
 
     def unpin() -> dict[str, str]:
@@ -266,10 +266,12 @@ def params_vs(rec: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
     """Bitwise equality of every rank's final parameters, and closeness: relative error of each sample and norm."""
     mine, theirs = rec["params"]["per_rank"], ref["params"]["per_rank"]
     bitwise = [[p["sha256"] for p in r] for r in mine] == [[p["sha256"] for p in r] for r in theirs]
+    if [[p["shape"] for p in r] for r in mine] != [[p["shape"] for p in r] for r in theirs]:
+        return {"bitwise": False, "max_rel_err": None, "close": False}  # not the same parameters
     worst = 0.0
-    for rank_a, rank_b in zip(mine, theirs, strict=True):
-        for a, b in zip(rank_a, rank_b, strict=True):
-            diff = math.sqrt(sum((x - y) ** 2 for x, y in zip(a["sample"], b["sample"], strict=True)))
+    for rank_a, rank_b in zip(mine, theirs):
+        for a, b in zip(rank_a, rank_b):
+            diff = math.sqrt(sum((x - y) ** 2 for x, y in zip(a["sample"], b["sample"])))
             base = math.sqrt(sum(y * y for y in b["sample"]))
             worst = max(worst, diff / max(base, 1e-30), abs(a["norm"] - b["norm"]) / max(b["norm"], 1e-30))
     return {"bitwise": bitwise, "max_rel_err": worst, "close": worst <= PARAM_RTOL}
@@ -281,7 +283,8 @@ def compare(rec: dict[str, Any], ref: dict[str, Any] | None) -> dict[str, Any]:
         return {}
     n = min(len(rec["losses"]), len(ref["losses"]))
     return {"vs_fixed": rec["total"]["s"] / ref["total"]["s"] if ref["total"]["s"] else None,
-            "max_loss_diff": max(abs(a - b) for a, b in zip(rec["losses"][:n], ref["losses"][:n])),
+            "max_loss_diff": max(math.inf if a is None or b is None else abs(a - b)  # None: a non-finite loss
+                                 for a, b in zip(rec["losses"][:n], ref["losses"][:n])),
             "loss_steps_compared": n, "params": params_vs(rec, ref)}
 
 
@@ -292,7 +295,7 @@ def table_row(rec: dict[str, Any], cmp: dict[str, Any]) -> list[str]:
     at = f"{_fmt(first['at_s'], '.2f')} (call {first['call']})" if first["call"] else "not tuned yet"
     params = cmp.get("params")
     eq = "-" if params is None else (f"{'yes' if params['bitwise'] else 'no'} / {'yes' if params['close'] else 'NO'}"
-                                     f" ({params['max_rel_err']:.1e})")
+                                     f" ({_fmt(params['max_rel_err'], '.1e')})")
     return [rec["arm"], at, f"{_fmt(rec['total']['s'], '.2f')} ({rec['total']['steps']})",
             _fmt(cmp.get("vs_fixed"), ".2f") + "x" if cmp.get("vs_fixed") else "-", _fmt(rec["steady_ms"], ".3f"),
             _fmt(cmp.get("max_loss_diff"), ".2e"), eq, _tuning_cell(rec)]
