@@ -55,7 +55,8 @@ def build(ctx: Context) -> Workload:
 
     return Workload(step=cce_step, grads=lambda: {"e": e.grad, "c": c.grad}, ref_grads=ref_grads, ref_out=ref_out,
                     tolerance=TOLERANCE, shapes={"tokens_per_rank": N, "D": D, "V": V, "dtype": "bfloat16",
-                                                 "filter_eps": None})
+                                                 "filter_eps": None},
+                    params=[e, c])
 
 
 SPEC = ClientSpec(

@@ -57,7 +57,8 @@ def build(ctx: Context) -> Workload:
     return Workload(step=fla_norms_step,
                     grads=lambda: {"x": x.grad, "residual": residual.grad, "w1": w1.grad, "b1": b1.grad, "w2": w2.grad},
                     ref_grads=ref_grads, ref_out=ref_out, tolerance=TOLERANCE,
-                    shapes={"tokens_per_rank": N, "D": D, "dtype": "bfloat16", "eps": EPS})
+                    shapes={"tokens_per_rank": N, "D": D, "dtype": "bfloat16", "eps": EPS},
+                    params=[x, residual, w1, b1, w2])
 
 
 SPEC = ClientSpec(

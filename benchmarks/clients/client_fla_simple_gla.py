@@ -73,7 +73,8 @@ def build(ctx: Context) -> Workload:
     return Workload(step=fla_simple_gla_step, grads=lambda: {"q": q.grad, "k": k.grad, "v": v.grad, "w_o": w_o.grad},
                     ref_grads=ref_grads, ref_out=y_ref, tolerance=TOLERANCE,
                     shapes={"B": B, "T": T, "heads_per_rank": hr, "H": H, "K": K, "V": V, "hidden": hidden,
-                            "dtype": "bfloat16", "g_gamma": "RetNet-style, decay 1-1/32 .. 1-1/512 over all heads"})
+                            "dtype": "bfloat16", "g_gamma": "RetNet-style, decay 1-1/32 .. 1-1/512 over all heads"},
+                    params=[q, k, v, w_o])
 
 
 SPEC = ClientSpec(

@@ -86,7 +86,7 @@ def build(ctx: Context) -> Workload:
         return y.detach()
 
     return Workload(step=toy_step, grads=lambda: {"x": x.grad, "s": s.grad}, ref_grads=ref_grads,
-                    ref_out=y_ref.detach().float(), tolerance=1e-5, shapes={"n": n, "dtype": "float32"})
+                    ref_out=y_ref.detach().float(), tolerance=1e-5, shapes={"n": n, "dtype": "float32"}, params=[x, s])
 
 
 SPEC = ClientSpec(name="toy", requirement="none (part of this repository)", import_name="triton",

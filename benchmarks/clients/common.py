@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -51,6 +51,9 @@ class Workload:
     ref_out: torch.Tensor  # float32 reference of the step's return value
     tolerance: float  # on every relative error
     shapes: dict[str, Any]
+    # The tensors the step trains (those grads() names, in that order): an optimizer over them continues the
+    # step into a training loop (train_loop.py). Empty for a client that does not say.
+    params: list[torch.Tensor] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

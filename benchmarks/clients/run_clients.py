@@ -177,9 +177,15 @@ def main(argv: list[str] | None = None) -> int:
 
         return selfcheck.main()
 
+    return run_arm(args)
+
+
+def run_arm(args: argparse.Namespace, runner: Any = None) -> int:
+    """One arm's job: the environment and Triton cache directory, then run_job; the directory this script made is
+    removed at the end. `runner(args, ranks, specs, cache)` runs the clients (default run; train_loop.py has its own)."""
     cache = setup_env(args.arm)
     try:
-        return run_job(args, cache)
+        return run_job(args, cache, runner or run)
     finally:  # also after a fail-fast exit: the directory this script made is removed once
         if cache["created_by_script"] and not args.keep_triton_cache and os.environ.get("LOCAL_RANK", "0") == "0":
             import shutil
@@ -187,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(cache["dir"], ignore_errors=True)
 
 
-def run_job(args: argparse.Namespace, cache: dict[str, Any]) -> int:
+def run_job(args: argparse.Namespace, cache: dict[str, Any], runner: Any = None) -> int:
     """Check the device and the libraries, start the process group, run the clients in this arm."""
     single_process_defaults()
     import torch
@@ -199,7 +205,7 @@ def run_job(args: argparse.Namespace, cache: dict[str, Any]) -> int:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
         torch.cuda.set_device(local)  # before the libraries' imports, which query the current device
-    if args.early_workers and args.arm == "ours":
+    if getattr(args, "early_workers", False) and args.arm == "ours":
         from triton_ctx_tune import start_compile_workers
 
         # They boot, importing the libraries' kernels, while this process does the same and builds the model.
@@ -214,7 +220,7 @@ def run_job(args: argparse.Namespace, cache: dict[str, Any]) -> int:
         from benchlib import Ranks
 
         ranks = Ranks()
-        status = run(args, ranks, specs, cache)
+        status = (runner or run)(args, ranks, specs, cache)
         ranks.barrier()  # no rank still compiles into the cache directory when it is removed
         return status
     finally:
@@ -225,22 +231,13 @@ def run_job(args: argparse.Namespace, cache: dict[str, Any]) -> int:
 
 def run(args: argparse.Namespace, ranks: Any, specs: list[Any], cache: dict[str, Any]) -> int:
     import summary
-    from benchlib import jsonable, provenance, write_json
+    from benchlib import jsonable, write_json
     from common import Context
 
     default_out = ROOT / "benchmarks" / "results" / "clients" / f"clients-{args.arm}-{ranks.world}ranks.json"
     out = Path(args.out) if args.out else default_out
-    meta = {**provenance(ranks), "arm": args.arm, "clients": [s.name for s in specs], "small": args.small,
-            "seed": args.seed, "step_iters": args.step_iters, "early_workers": args.early_workers, "libraries": library_versions(specs),
-            "triton_cache": {**cache, "entries_at_start_per_rank": ranks.gather(cache["entries_at_start"])},
-            "env": {k: os.environ.get(k) for k in REPORTED_ENV}}
-    ranks.log(f"run_clients: arm={args.arm} clients={meta['clients']} world={ranks.world} gpu={meta['gpu']} "
-              f"torch={meta['torch']} triton={meta['triton']} libraries={meta['libraries']} "
-              f"TRITON_CACHE_DIR={cache['dir']} (entries at start per rank: "
-              f"{meta['triton_cache']['entries_at_start_per_rank']})")
-    if any(meta["triton_cache"]["entries_at_start_per_rank"]):
-        ranks.log(f"WARNING: TRITON_CACHE_DIR={cache['dir']} was not empty at start: "
-                  "this arm's compilation is not cold")
+    meta = job_meta("run_clients", args, ranks, specs, cache, step_iters=args.step_iters,
+                    early_workers=args.early_workers)
     prime(ranks)
     ctx = Context(ranks, args.seed, args.small)
     all_modules = tuple(m for s in specs for m in s.modules)
@@ -265,6 +262,25 @@ def run(args: argparse.Namespace, ranks: Any, specs: list[Any], cache: dict[str,
         print(f"wrote {out}", flush=True)
     failed = any(r.get("error") or not r["first_call"]["errors"]["ok"] for r in records)
     return 1 if failed else 0
+
+
+def job_meta(script: str, args: argparse.Namespace, ranks: Any, specs: list[Any], cache: dict[str, Any],
+             **extra: Any) -> dict[str, Any]:
+    """A job's provenance, arm, clients, libraries and Triton cache (logged on rank 0, with a warning if not cold)."""
+    from benchlib import provenance
+
+    meta = {**provenance(ranks), "arm": args.arm, "clients": [s.name for s in specs], "small": args.small,
+            "seed": args.seed, **extra, "libraries": library_versions(specs),
+            "triton_cache": {**cache, "entries_at_start_per_rank": ranks.gather(cache["entries_at_start"])},
+            "env": {k: os.environ.get(k) for k in REPORTED_ENV}}
+    ranks.log(f"{script}: arm={args.arm} clients={meta['clients']} world={ranks.world} gpu={meta['gpu']} "
+              f"torch={meta['torch']} triton={meta['triton']} libraries={meta['libraries']} "
+              f"TRITON_CACHE_DIR={cache['dir']} (entries at start per rank: "
+              f"{meta['triton_cache']['entries_at_start_per_rank']})")
+    if any(meta["triton_cache"]["entries_at_start_per_rank"]):
+        ranks.log(f"WARNING: TRITON_CACHE_DIR={cache['dir']} was not empty at start: "
+                  "this arm's compilation is not cold")
+    return meta
 
 
 def prime(ranks: Any) -> None:

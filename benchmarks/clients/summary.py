@@ -27,8 +27,13 @@ def row(rec: dict[str, Any]) -> list[str]:
 
 
 def table_lines(records: list[dict[str, Any]]) -> list[str]:
-    rows = [list(COLUMNS)] + [row(r) for r in sorted(records, key=lambda r: (r["client"], r["arm"] != "plain"))]
-    widths = [max(len(r[i]) for r in rows if len(r) > i) for i in range(len(COLUMNS))]
+    return format_table(list(COLUMNS), [row(r) for r in sorted(records, key=lambda r: (r["client"], r["arm"] != "plain"))])
+
+
+def format_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Left-aligned columns, two spaces apart; a row may be shorter than the header."""
+    rows = [header] + rows
+    widths = [max(len(r[i]) for r in rows if len(r) > i) for i in range(len(header))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
 
 
