@@ -10,7 +10,7 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/versions.txt"
 git log -1 --format=%H 2>/dev/null | tee -a "$OUT/versions.txt"
 STEPS=${STEPS:-300}
-NPROC=2 timeout "${FLA_LIMIT:-380}" benchmarks/clients/run_train_all.sh "$OUT/fla" --clients fla_simple_gla --steps "$STEPS" > "$OUT/fla.log" 2>&1
+NPROC=${NPROC:-2} timeout "${FLA_LIMIT:-380}" benchmarks/clients/run_train_all.sh "$OUT/fla" --clients fla_simple_gla --steps "$STEPS" > "$OUT/fla.log" 2>&1
 tail -30 "$OUT/fla.log"
-NPROC=2 timeout "${CCE_LIMIT:-180}" benchmarks/clients/run_train_all.sh "$OUT/cce" --clients cce --steps "$STEPS" > "$OUT/cce.log" 2>&1
+NPROC=${NPROC:-2} timeout "${CCE_LIMIT:-180}" benchmarks/clients/run_train_all.sh "$OUT/cce" --clients cce --steps "$STEPS" > "$OUT/cce.log" 2>&1
 tail -30 "$OUT/cce.log"
