@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 import torch
@@ -132,3 +133,55 @@ def test_the_compiler_hash_every_compile_keys_on_is_primed_once():
     hits = key.cache_info().hits
     prime_compiler_hash()
     assert key.cache_info().hits == hits + 1
+
+
+def _running_work(hold: threading.Event, running: list[int], lock: threading.Lock):
+    def work(i: int) -> int:
+        with lock:
+            running.append(i)
+        hold.wait(20)
+        return i * 10
+    return work
+
+
+def test_a_keys_first_config_compiles_at_once_while_other_keys_fill_every_place():
+    from triton_ctx_tune.compile.precompile import CompileGate, run_with_deadline
+
+    gate, hold, lock, running = CompileGate(), threading.Event(), threading.Lock(), []
+    work = _running_work(hold, running, lock)
+    outcomes: dict[str, Any] = {}
+    # Key A: six configs, none of them first (its first is done), on six threads; width 3 leaves 2 places.
+    a = threading.Thread(target=lambda: outcomes.update(
+        a=run_with_deadline([0, 1, 2, 3, 4, 5], work, 6, 30, gate=lambda i: gate.enter(False, 3))))
+    a.start()
+    deadline = time.monotonic() + 10
+    while len(running) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert sorted(running) == [0, 1]  # the gate holds A's other four back
+    # Key B, met now: its first config (10) starts although every place is taken; its second waits.
+    b = threading.Thread(target=lambda: outcomes.update(
+        b=run_with_deadline([10, 11], work, 2, 30, gate=lambda i: gate.enter(i == 10, 3))))
+    b.start()
+    while 10 not in running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert sorted(running) == [0, 1, 10]
+    hold.set()
+    a.join(20), b.join(20)
+    assert outcomes["a"] == ({i: i * 10 for i in range(6)}, []) and outcomes["b"] == ({10: 100, 11: 110}, [])
+    assert sorted(running) == [0, 1, 2, 3, 4, 5, 10, 11]
+
+
+def test_a_compile_abandoned_at_its_deadline_gives_its_place_back():
+    from triton_ctx_tune.compile.precompile import CompileGate, run_with_deadline
+
+    gate, hold, lock, running = CompileGate(), threading.Event(), threading.Lock(), []
+    start = time.monotonic()
+    # Width 2: one place. Both configs hang; each is abandoned after 0.3 s, and the second one gets the
+    # place the first gave back (else it would wait for it forever and the call would never return).
+    done, late = run_with_deadline([0, 1], _running_work(hold, running, lock), 2, 0.3,
+                                   gate=lambda i: gate.enter(False, 2))
+    assert (done, late, sorted(running)) == ({}, [0, 1], [0, 1])
+    assert time.monotonic() - start < 5
+    hold.set()

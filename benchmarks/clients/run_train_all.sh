@@ -3,7 +3,7 @@
 # Usage: benchmarks/clients/run_train_all.sh OUT_DIR [train_loop.py options, e.g. --clients cce --steps 100]
 # Writes OUT_DIR/train-{fixed,plain,reexec,online}.json and .log, OUT_DIR/ctx_logs/ (the tuner's rank logs),
 # OUT_DIR/train.json and OUT_DIR/train.txt (the merged report).
-# NPROC (default 2) ranks, one per GPU, through ./launch (NCCL, NVLink multicast off).
+# ARMS (default "fixed plain reexec online") picks arms. NPROC (default 2) ranks, one per GPU, through ./launch (NCCL, NVLink multicast off).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 export NPROC=${NPROC:-2}
 status=0
 files=()
-for arm in fixed plain reexec online; do
+for arm in ${ARMS:-fixed plain reexec online}; do
   cache=$(mktemp -d "${TMPDIR:-/tmp}/train-triton-cache-$arm-XXXXXX")
   echo "=== arm $arm: TRITON_CACHE_DIR=$cache"
   TRITON_CACHE_DIR=$cache "$ROOT/launch" "$ROOT/benchmarks/clients/train_loop.py" --arm "$arm" \

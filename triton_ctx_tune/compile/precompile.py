@@ -117,7 +117,9 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     if math.isinf(timeout_s) and (threads <= 1 or len(indices) <= 1):
         results = {i: one(i) for i in indices}  # nothing to bound: no thread needed
     else:
-        done, late = run_with_deadline(indices, one, threads, timeout_s + (WORKER_GRACE_S if pool else 0.0))
+        first = indices[0] if on_ready is not None else None  # what a waiting execution runs first
+        done, late = run_with_deadline(indices, one, threads, timeout_s + (WORKER_GRACE_S if pool else 0.0),
+                                       gate=lambda i: GATE.enter(i == first, threads))
         results = {i: r for i, r in done.items()}
         for i in late:
             results[i] = (None, f"compile timeout: compiling this config took longer than {timeout_s:g} s, so it was "
@@ -148,9 +150,45 @@ def _load(kernels: dict[int, Any]) -> dict[int, str]:
 T = TypeVar("T")
 
 
-def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int,
-                      timeout_s: float) -> tuple[dict[int, T], list[int]]:
+class CompileGate:
+    """The process's order for compiles in the background, over every key at once: a key's first config
+    (the one its execution waits for in first_ready) starts at once, the others share `width - 1` places.
+
+    Each key used to compile on threads of its own, all side by side: a key met late in an execution
+    waited behind the earlier keys' configs (FLA's step, 159 configs, on one H200: 19.6 s in the first
+    online call). Now every key met waits for its own first config, compiled beside at most `width - 1`
+    others."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._rest = 0
+
+    def enter(self, first: bool, width: int) -> Callable[[], None]:
+        """Wait for a place (a first config never waits); returns the place's release (idempotent: a
+        compile abandoned at its deadline gives its place back, the thread may never end)."""
+        if first:
+            return lambda: None
+        with self._cond:
+            self._cond.wait_for(lambda: self._rest < max(1, width - 1))
+            self._rest += 1
+        released = threading.Event()
+
+        def release() -> None:
+            with self._cond:
+                if not released.is_set():
+                    released.set()
+                    self._rest -= 1
+                    self._cond.notify_all()
+        return release
+
+
+GATE = CompileGate()
+
+
+def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int, timeout_s: float,
+                      gate: Callable[[int], Callable[[], None]] | None = None) -> tuple[dict[int, T], list[int]]:
     """work(i) for every task on up to `threads` threads: ({task: result}, [tasks that ran out of time]).
+    `gate(i)`, if given, waits for task i's place before its deadline starts and returns its release.
 
     A task running longer than timeout_s is abandoned: nobody waits for it, and a new thread takes
     its place. A thread cannot be killed, so the threads are daemons: one stuck in a compiler must
@@ -163,6 +201,7 @@ def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int,
     started: dict[int, float] = {}
     results: dict[int, tuple[bool, Any]] = {}
     late: list[int] = []
+    places: dict[int, Callable[[], None]] = {}
 
     def worker() -> None:
         while True:
@@ -170,11 +209,15 @@ def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int,
                 if not pending:
                     return
                 i = pending.pop()
+            release = gate(i) if gate is not None else (lambda: None)
+            with lock:
+                places[i] = release
                 started[i] = time.monotonic()
             try:
                 outcome: tuple[bool, Any] = (True, work(i))
             except BaseException as e:  # handed to the waiting thread, which re-raises it
                 outcome = (False, e)
+            release()
             with lock:
                 if i in late:
                     return  # abandoned: a replacement thread has taken over the queue
@@ -193,6 +236,7 @@ def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int,
             for i in running:
                 if now - started[i] >= timeout_s:
                     late.append(i)
+                    places[i]()
                     if pending:
                         spawn()
             deadlines = [started[i] + timeout_s - now for i in running if i not in late]
