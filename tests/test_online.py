@@ -70,7 +70,10 @@ def test_with_background_compiles_no_call_waits_for_more_than_a_ready_config():
 
     x = torch.ones(N, device=DEVICE)
     calls = _decide(step, x)
-    assert 9 <= calls <= 12  # a call that found compiles unfinished ran a ready config, untimed
+    # The first call's launch stands in for config 0's warm-up; once every config is compiled and
+    # loaded the other warm-ups are dropped: 3 configs x 2 timed slots. A call that found the compiles
+    # unfinished ran a ready config, untimed, and took no slot.
+    assert 7 <= calls <= 10
     assert K.chosen(K.double_) == {KEY: 32} and torch.equal(x, torch.full((N,), 2.0 ** calls, device=DEVICE))
 
 

@@ -185,3 +185,26 @@ def test_a_compile_abandoned_at_its_deadline_gives_its_place_back():
     assert (done, late, sorted(running)) == ({}, [0, 1], [0, 1])
     assert time.monotonic() - start < 5
     hold.set()
+
+
+def test_the_rest_compile_smallest_key_first():
+    from triton_ctx_tune.compile.precompile import CompileGate
+
+    gate, order = CompileGate(), []
+    holder = gate.enter(False, 2, size=48)  # width 2: the one place is taken
+
+    def wait(name: str, size: int) -> None:
+        release = gate.enter(False, 2, size=size)
+        order.append(name)
+        release()
+
+    big = threading.Thread(target=wait, args=("big", 48))
+    big.start()
+    time.sleep(0.2)  # the big key asked first
+    small = threading.Thread(target=wait, args=("small", 6))
+    small.start()
+    time.sleep(0.2)
+    assert order == []
+    holder()
+    big.join(10), small.join(10)
+    assert order == ["small", "big"]  # a key of 6 configs is not held behind one of 48

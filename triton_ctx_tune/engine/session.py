@@ -352,6 +352,7 @@ class Session:
         for state, done in zip(compiling, everyone.amin(0).tolist()):
             if done:
                 self._precompiled(state, state.compiling.finish(self.comm))  # type: ignore[union-attr]
+                state.skip_warmups()
 
     def _apply_quarantine(self, state: KeyState) -> None:
         """Every rank's quarantined configs of a key met in this step, on every rank (at the step's end)."""

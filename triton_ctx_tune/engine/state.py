@@ -121,6 +121,12 @@ class Tunable:
         warmups = 0 if self.precompiled else max(self.n_warmup - 1, 0)
         self._extend(survivors, warmups, self.n_repeat - 1, interleave=True)
 
+    def skip_warmups(self) -> None:
+        """Drop the warm-ups not yet taken: online, once every config is compiled and loaded, since
+        there each slot costs a call of the user's program and a loaded config's first launch is a
+        fair sample (screening keeps only those within early_stop of the best, and re-times them)."""
+        self.plan = self.plan[:self.next_slot] + [s for s in self.plan[self.next_slot:] if s.timed]
+
     def hold(self, survivors: list[int], best: int) -> None:
         """End the screening pass, but plan nothing more until resume(): `best` runs meanwhile."""
         self.screening = False
