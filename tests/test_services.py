@@ -1,21 +1,25 @@
-"""Session hands its deciding and validating halves services, not itself, and still builds them lazily."""
+"""Session hands its executor and its deciding and validating halves services, not itself, and the
+services are built lazily."""
 from __future__ import annotations
 
 from triton_ctx_tune.options import TuneOptions
 from triton_ctx_tune.engine.session import Session
 
-LAZY = ("comm", "log", "cache", "progress", "early_stop")
+LAZY = ("comm", "timer", "log", "cache", "quarantine", "progress", "early_stop")
 
 
 def test_services_build_nothing_until_used() -> None:
     session = Session("f", TuneOptions(validate=True, log_dir=False, cache=False))
     assert session.checks is not None and session.checks.services is session.decisions.services
-    assert not [name for name in LAZY if name in session.__dict__]  # a session that tunes nothing builds none
+    assert not [name for name in LAZY if name in session.services.__dict__]  # nothing tuned: none built
+    assert session.executor.services is session.services  # the executor gets the services, not the session
     services = session.decisions.services
     assert services.comm is session.comm and services.log is session.log and services.cache is None
     assert services.new_states is session.new_states
-    session.new_states = []  # rebound at each step's end: the services see the new list
-    assert services.new_states is session.new_states
+    before = session.new_states
+    session.begin_step()  # the executor starts a new list each step: the services see the new one
+    assert services.new_states is session.executor.new_states and services.new_states is not before
+    assert services.misses is session.executor.misses
     session.close()
 
 

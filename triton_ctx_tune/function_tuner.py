@@ -166,7 +166,7 @@ class FunctionAutotuner(ContextualAutotuner[R]):
                 assert lookup.entry is not None and session.search.points is not None
                 winner = int(lookup.entry["winner"]["index"])
                 session.search.points.winner = winner
-                session.pins = lookup.pins()
+                session.executor.pins = lookup.pins()  # the executor installs them as launches meet them
                 session.stats.cache_hits += 1
                 session.ensure_header()
                 session.log.write("cache-hit", f"cache-hit function={self.name} key={key!r} winner=point#{winner} "

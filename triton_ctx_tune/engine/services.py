@@ -1,29 +1,109 @@
-"""What a step's deciding (decisions.py) and validating (validate.py) halves use of the call running them.
+"""The services a tuning call's parts use: collectives, timer, log, caches, quarantine, progress line.
 
-Session hands them a StepServices instead of itself, so that they depend on the few things they
-use and not on the executor (and imports run one way: session -> decisions, validate -> services).
-Session builds its collectives, log, cache and progress line on first use, because a call whose
-keys are all known must build none of them; so those come here as getters, resolved only when a
-step's end actually needs them.
+CallServices builds each on first use, because a call whose keys are all known must build none of
+them. The executor (executor.py) gets a CallServices; the deciding (decisions.py) and validating
+(validate.py) halves get a StepServices, which adds what the driver (session.py) owns, as getters.
+Neither gets the Session, so imports run one way: session -> executor, decisions, validate -> services.
 """
 from __future__ import annotations
 
+import functools
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+import torch
+
+from ..runtime.collectives import Collectives
+from ..runtime.timing import CudaEventTimer, HostTimer, make_timer
+from ..store.cache import TuningCache, resolve_dir
+from ..store.quarantine import Quarantine
+from ..tools.logs import RankLog
+from .progress import Progress
+
 if TYPE_CHECKING:
-    from ..store.cache import Lookup, TuningCache
-    from ..runtime.collectives import Collectives
-    from ..tools.logs import RankLog
+    from ..store.cache import Lookup
     from ..options import TuneOptions
-    from .progress import Progress
     from .search import Assignment, Search
     from .state import KeyState
+
+
+class CallServices:
+    """One call's services, each built on first use (a tuned function called in a hot loop should cost
+    little more than the function itself)."""
+
+    def __init__(self, function: str, opts: TuneOptions) -> None:
+        self.function, self.opts = function, opts
+        self.logged_header = False
+
+    @functools.cached_property
+    def comm(self) -> Collectives:
+        return Collectives(self.opts.is_dist, self.opts.group, self.opts.resolved_timeout())
+
+    @functools.cached_property
+    def timer(self) -> HostTimer | CudaEventTimer:
+        return make_timer(self.opts.flush_l2, self.opts.cuda_graph)
+
+    @functools.cached_property
+    def log(self) -> RankLog:
+        return RankLog(self.opts.resolved_log_dir(), self.comm.global_rank, self.opts.resolved_quiet())
+
+    @functools.cached_property
+    def cache(self) -> TuningCache | None:
+        cache_dir = self.opts.resolved_cache_dir()
+        return None if cache_dir is None else TuningCache(cache_dir, self.opts.resolved_retune(), self.comm,
+                                                          self.opts.reduce, self.opts.stat)
+
+    @functools.cached_property
+    def quarantine(self) -> Quarantine | None:
+        if not self.opts.resolved_quarantine():
+            return None
+        cache_dir = resolve_dir(self.opts.cache_dir)
+        q = Quarantine(cache_dir.with_name(cache_dir.name + "-quarantine"), self.comm.global_rank, self.comm,
+                       self.opts.resolved_slot_timeout())
+        for r in q.recovered:
+            self.ensure_header()
+            self.log.write("quarantine-recovered", f"quarantine kernel={r.get('kernel')} key={r.get('key')} "
+                           f"config#{r.get('index')} {{{r.get('config')}}}: {r['reason']}", **r)
+        return q
+
+    @functools.cached_property
+    def early_stop(self) -> float | None:
+        return self.opts.resolved_early_stop()
+
+    @functools.cached_property
+    def progress(self) -> Progress:
+        return Progress.on_terminal(self.function, self.comm.global_rank, self.opts.resolved_quiet())
+
+    def ensure_header(self) -> None:
+        if not self.logged_header:
+            self.logged_header = True
+            device = torch.cuda.get_device_name() if self.timer.kind != "host" else "cpu"
+            self.log.header(self.function, self.comm.world, device, self.timer.kind)
+
+    def close(self, stats: CallRecord, started: float, exc_type: type[BaseException] | None = None,
+              exc: BaseException | None = None) -> None:
+        """Release what was built, and log the call's end if anything was logged."""
+        if self.__dict__.get("quarantine") is not None:
+            self.quarantine.close()
+        if "progress" in self.__dict__:
+            self.progress.clear()
+        stats.wall_s = time.perf_counter() - started
+        if self.logged_header:
+            self.log.write("end", f"=== {self.function}: {stats.executions} executions, "
+                           f"{stats.wall_s:.3f} s, {len(stats.tuned)} keys tuned"
+                           + ("" if exc_type is None else f", stopped by {exc_type.__name__}"),
+                           function=self.function, executions=stats.executions, wall_s=stats.wall_s,
+                           error=None if exc_type is None else repr(exc))
+        if "log" in self.__dict__:
+            self.log.close()
 
 
 class CallRecord(Protocol):
     """The part of a call's stats (session.CallStats) that decisions read and fill in."""
     executions: int
+    wall_s: float
+    cache_hits: int
     tuned: list[Any]  # decisions.TunedKey, one per key decided in the call
     point: dict[str, Any] | None
 

@@ -1,0 +1,406 @@
+"""What each launch of a step runs: the executor half of a tuning call (the driver is session.py).
+
+Given the step's Assignment (search.py), a launch of an autotuned kernel is routed here: a key
+already known (Autotuner.cache, a pin from the function cache, the persistent cache) runs its
+config; a new key gets its KeyState and starts compiling in the background (compile/precompile.py);
+a key being tuned takes its next slot, timed; while its configs compile, or when a config fails, a
+config that works stands in. The executor records what ran (SlotRecords) and which keys the step met;
+the driver reads that at the step's end, where the ranks agree and decide.
+"""
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from ..compile import precompile
+from ..errors import CollectiveTimeoutError, EmptyConfigSpaceError
+from ..runtime.compat import (Autotuner, compile_only, config_failure_reason, config_str, kernel_name, launch_cached,
+                              launch_config, prune_configs, reset_before_final_launch, restores, tuning_key)
+from ..runtime.patch import original_run
+from ..store.cache import Lookup, entry_id, identity
+from ..tools.logs import fmt_ms
+from .exactly_once import paused
+from .search import Assignment, Search
+from .state import KeyState, Slot, SlotRecord
+
+if TYPE_CHECKING:
+    from ..options import TuneOptions
+    from .services import CallRecord, CallServices
+
+
+class Executor:
+    """Routes one call's launches, step by step: begin(assignment) starts a step, launch() runs each of
+    its launches, and the step's records (launched, new_states, tuning_launches, each state's
+    records) are there for the driver at its end.
+
+    `pins` are kernel winners already known for the point that runs (a function-cache hit),
+    installed in Autotuner.cache as the launches meet them (`installed`).
+    """
+
+    def __init__(self, services: CallServices, opts: TuneOptions, search: Search, stats: CallRecord,
+                 pins: dict[tuple[str, str], tuple[int, list[str]]] | None = None) -> None:
+        self.services, self.opts, self.search, self.stats = services, opts, search, stats
+        self.pins = pins or {}
+        self.installed: list[tuple[Autotuner, tuple, Any]] = []  # pinned kernel winners (see pins)
+        self.misses: dict[int, Lookup] = {}  # id(state) -> its cache miss, stored once the state is decided
+        self.assignment = Assignment()
+        self.final = False  # this step is meant to be the final run: known configs launch for real
+        # A step timed end to end whose kernels are all settled runs on the warm path (call.py), with
+        # the step's configs in Autotuner.cache: routing costs microseconds per launch, which would
+        # make points with more launches look slower than they will be.
+        self.lean = False
+        # Online (tuner.py): each step is one real call of the function, never repeated, so every launch
+        # runs as a tuned launch does (no restore_value/reset_to_zero), and compiles do not hold a call up.
+        self.online = opts.online
+        self.new_states: list[KeyState] = []
+        self.launched: set[int] = set()  # ids of the states launched in this step
+        self.tuning_launches = 0
+        # Autograd runs a backward's launches on its own thread while the caller waits, and a
+        # function may launch from threads it starts (resolver.carry): one launch at a time.
+        self._lock = threading.RLock()
+
+    def begin(self, assignment: Assignment, final: bool) -> None:
+        """Start a step: what it runs (`assignment`), and whether it is meant to be the final run."""
+        self.assignment, self.final = assignment, final
+        self.tuning_launches = 0
+        self.new_states = []
+        self.launched = set()
+
+    def launch(self, at: Autotuner, args: tuple, kwargs: dict[str, Any]) -> Any:
+        with self._lock, paused():  # routing and timing a launch are the tuner's work, not the function's writes
+            return self._launch(at, args, kwargs)
+
+    def _launch(self, at: Autotuner, args: tuple, kwargs: dict[str, Any]) -> Any:
+        run = original_run()
+        if len(at.configs) <= 1:
+            return run(at, *args, **kwargs)
+        key = tuning_key(at, args, kwargs)
+        if kwargs.get("warmup"):
+            # Compile-only: Triton's own run would "benchmark" launches that do nothing.
+            configs = [at.cache[key]] if key in at.cache else prune_configs(at, args, kwargs)
+            return compile_only(at, configs, args, kwargs)
+        point = self.assignment.point
+        state = self.search.kernel(point, at, key)
+        if state is None:
+            # Under a function-level space every key is tuned in the context of its point, so
+            # neither Autotuner.cache nor the per-kernel cache (tuned without that context) answers.
+            if key in at.cache and point is None:
+                return self._known(at, at.cache[key], args, kwargs)
+            configs = prune_configs(at, args, kwargs)
+            if not configs:
+                raise EmptyConfigSpaceError(kernel_name(at), key)
+            if len(configs) == 1:
+                at.cache[key] = configs[0]  # as Triton does: one config needs no measuring
+                return run(at, *args, **kwargs)
+            pinned = self._pinned(at, key, configs)
+            if pinned is not None:
+                return self._known(at, pinned, args, kwargs)
+            in_space = self.search.points is not None
+            lookup = self.services.cache.lookup(at, key, configs) if self.services.cache is not None and not in_space else None
+            if lookup is not None and lookup.hit:
+                self._cache_hit(at, key, configs, lookup)
+                return self._known(at, at.cache[key], args, kwargs)
+            if lookup is not None and lookup.stale is not None:  # rank 0: say why an entry of this key was not used
+                self.services.ensure_header()
+                line, fields = lookup.stale.describe(kernel_name(at), key)
+                self.services.log.write("cache-stale", line, **fields)
+                self.services.log.summary(f"{self.services.function}: {line}")
+            state = self._new_state(at, key, configs, args, kwargs, lookup.id if lookup is not None else None)
+            if lookup is not None:
+                self.misses[id(state)] = lookup
+        self.launched.add(id(state))
+        if state.decided:
+            best = state.configs[state.winner]  # type: ignore[index]
+            if state.reset_pending and self.final:
+                state.reset_pending = False
+                reset_before_final_launch(at, best, args, kwargs)
+            return self._known(at, best, args, kwargs)
+        a = self.assignment
+        if state.compiling is not None and not a.fixed:
+            return self._while_compiling(state, args, kwargs)
+        if state.settled or state.end_to_end or a.fixed:
+            # Timed end to end, held after screening, or a validation step: every launch in this step
+            # runs the step's config for this key, untimed.
+            index = a.config_for(state)
+            return self._untimed(state, state.step_config() if index in state.failures else index,
+                                 SlotRecord(None, None), args, kwargs)
+        self.tuning_launches += 1
+        return self._run_slot(state, args, kwargs)
+
+    def _while_compiling(self, state: KeyState, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """A launch of a key met in this step: the first of this rank's configs to finish compiling runs.
+
+        It stands in for the key's first slot when that is a warm-up (a loaded config needs no other).
+        Which config it is may differ between ranks, so no timed slot is taken: those start in the next
+        step, with every config compiled and loaded."""
+        assert state.compiling is not None
+        slot = state.peek()
+        stand_in = slot is not None and not slot.timed and not state.end_to_end  # (end-to-end slots are steps)
+        record = SlotRecord(state.take_slot() if stand_in else None, None)
+        if record.slot is not None:
+            state.records.append(record)
+        return self._untimed(state, state.compiling.first_ready(), record, args, kwargs)
+
+    def _untimed(self, state: KeyState, index: int | None, record: SlotRecord, args: tuple,
+                 kwargs: dict[str, Any]) -> Any:
+        """Run config `index` untimed; if it cannot run here, a config known to work."""
+        if index is not None:
+            config = state.configs[index]
+            ok, out = self._launch_noted(state, index, lambda: self._known(state.autotuner, config, args, kwargs))
+            if ok:
+                state.works.add(index)
+                record.ran = index
+                return out
+            record.failure = out
+        return self._fallback(state, record, args, kwargs)
+
+    def _known(self, at: Autotuner, config: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """A launch whose config is settled: for real in the final run. In a tuning step it runs like a
+        slot (restore_value and reset_to_zero applied), so re-executions never compound in-place effects."""
+        if self.final or self.online or (self.assignment.timed and not restores(at)):
+            # A step timed end to end measures what the function costs once tuned: the lean launch,
+            # not the hooks (nothing to restore here), or a host-bound function would look slower
+            # the more launches it makes.
+            return launch_cached(at, config, args, kwargs)
+        return launch_config(at, config, args, kwargs)
+
+    def _pinned(self, at: Autotuner, key: tuple, configs: list) -> Any:
+        """The winner a function-cache hit names for this kernel and key, installed in Autotuner.cache."""
+        pin = self.pins.get((kernel_name(at), repr(key)))
+        if pin is None or pin[1] != [config_str(c) for c in configs]:
+            return None
+        best = configs[pin[0]]
+        at.cache[key] = best
+        self.installed.append((at, key, best))
+        return best
+
+    def _cache_hit(self, at: Autotuner, key: tuple, configs: list, lookup: Lookup) -> None:
+        best = configs[lookup.winner]
+        at.cache[key] = best
+        self.stats.cache_hits += 1
+        self.services.ensure_header()
+        entry = lookup.entry  # only the rank that read it (rank 0) has it; the others log the winner alone
+        ms = entry["timings"][lookup.winner]["ms"] if entry else None
+        date = entry["tuned"]["date"] if entry else "earlier"
+        self.services.log.write("cache-hit", f"cache-hit kernel={kernel_name(at)} key={key!r} winner=config#{lookup.winner} "
+                       f"{{{config_str(best)}}} {fmt_ms(ms)} from {lookup.path}",
+                       kernel=kernel_name(at), key=list(key), winner=lookup.winner, winner_config=config_str(best),
+                       configs=[config_str(c) for c in configs], path=str(lookup.path), id=lookup.id,
+                       entry=entry)
+        self.services.progress.clear()
+        self.services.log.summary(f"{self.services.function}: {kernel_name(at)} key={key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
+                         f"(from the tuning cache, tuned {date})")
+
+    def _new_state(self, at: Autotuner, key: tuple, configs: list, args: tuple, kwargs: dict[str, Any],
+                   key_id: str | None) -> KeyState:
+        self.services.ensure_header()
+        state = KeyState(autotuner=at, key=key, configs=configs, n_warmup=self.opts.n_warmup,
+                         n_repeat=self.opts.n_repeat, kernel=kernel_name(at), early_stop=self.services.early_stop,
+                         point=self.assignment.point, end_to_end=self.opts.objective == "end_to_end")
+        self.search.add(state)
+        self.new_states.append(state)
+        if self.services.quarantine is not None:
+            state.key_id = key_id or entry_id(identity(at, key, configs, self.services.comm.world, self.opts.reduce,
+                                                       self.opts.stat))
+            # This rank's own records now, so that no config that killed a process here runs again; the
+            # other ranks' at the step's end, after the ranks agree on the keys they met (a collective
+            # here would pair with another rank's different one if they did not).
+            for i, reason in self.services.quarantine.local(state.key_id, len(state.configs)).items():
+                state.fail(i, reason)
+        if self.opts.resolved_precompile():
+            work = (state, args, kwargs, self.services.comm, self.opts.compile_threads or precompile.default_threads(),
+                    self.opts.resolved_compile_timeout(), self.opts.resolved_compile_workers())
+            # The configs compile behind the execution, which goes on with the first that is ready;
+            # the step's end gathers them (_finish_precompiles).
+            state.compiling = precompile.start(*work)
+        return state
+
+    def _precompiled(self, state: KeyState, done: precompile.Compiled) -> None:
+        state.precompiled = True
+        state.compiling = None
+        for i, reason in sorted(done.failures.items()):
+            state.fail(i, reason)
+        meanwhile = f" (the execution ran config {done.ran_meanwhile} meanwhile)" if done.ran_meanwhile else ""
+        self.services.log.write("precompile", f"precompile kernel={state.kernel} key={state.key!r} compiled "
+                       f"{len(done.mine)}/{len(state.configs)} configs here in {done.seconds:.3f} s, "
+                       f"{len(done.failures)} failed{meanwhile}", kernel=state.kernel, key=list(state.key),
+                       mine=done.mine, seconds=done.seconds, failures={str(i): r for i, r in done.failures.items()},
+                       by_workers=done.by_workers, workers=done.workers, ran_meanwhile=done.ran_meanwhile)
+
+    def finish_compiles(self, void: bool) -> None:
+        """The collective half of the background compiles, in the order every rank met the keys.
+
+        A void step (some rank failed) met keys that no later step runs: their compiles are dropped.
+        Online, a key's compiles are gathered at the first step's end where every rank has finished
+        its share; until then its launches run whichever config is ready (_while_compiling).
+        """
+        if not self.online:
+            for state in self.new_states:
+                if state.compiling is not None:
+                    if void:
+                        state.compiling = None
+                    else:
+                        self._precompiled(state, state.compiling.finish(self.services.comm))
+            return
+        if void:
+            for state in self.new_states:
+                state.compiling = None
+        compiling = [s for s in self.search.kernels.values() if s.compiling is not None]
+        if not compiling:
+            return
+        mine = torch.tensor([int(s.compiling.done) for s in compiling], dtype=torch.int64)  # type: ignore[union-attr]
+        everyone = self.services.comm.all_gather(mine, "online: which keys finished compiling on every rank")
+        for state, done in zip(compiling, everyone.amin(0).tolist()):
+            if done:
+                self._precompiled(state, state.compiling.finish(self.services.comm))  # type: ignore[union-attr]
+                state.skip_warmups()
+
+    def apply_quarantine(self, state: KeyState) -> None:
+        """Every rank's quarantined configs of a key met in this step, on every rank (at the step's end)."""
+        assert self.services.quarantine is not None
+        skipped = self.services.quarantine.lookup(state.key_id, len(state.configs))
+        for i, reason in sorted(skipped.items()):
+            state.fail(i, reason)
+        if skipped:
+            self.services.log.write("quarantine", f"quarantine kernel={state.kernel} key={state.key!r} skips configs "
+                           f"{sorted(skipped)}: they killed a process while they ran", kernel=state.kernel,
+                           key=list(state.key), configs={str(i): r for i, r in skipped.items()})
+            self.services.progress.clear()
+            self.services.log.summary(f"{self.services.function}: {state.kernel} key={state.key!r}: skipping quarantined configs "
+                             + "; ".join(f"#{i} ({r})" for i, r in sorted(skipped.items())))
+
+    def _run_slot(self, state: KeyState, args: tuple, kwargs: dict[str, Any]) -> Any:
+        slot = state.take_slot()
+        record = SlotRecord(slot, None)
+        state.records.append(record)
+        if slot is not None and slot.config in state.failures:
+            record.failure = "skipped: this config failed in an earlier slot"
+        elif slot is not None:
+            replay = slot.timed and self.services.timer.kind == "cuda-graph"
+            token = self.services.timer.start(flush=True) if slot.timed and not replay else None
+            config = state.configs[slot.config]
+
+            def launch() -> tuple[Any, Any]:  # the end event is recorded before any synchronize
+                out = self._run_config(state.autotuner, config, args, kwargs)
+                return out, self.services.timer.stop(token) if token is not None else None
+
+            ok, out = self._launch_noted(state, slot.config, launch)
+            result, stop = out if ok else (None, None)
+            if ok and replay:
+                ok, out = self._try(state, slot.config, lambda: self.services.timer.measure(  # type: ignore[union-attr]
+                    lambda a: launch_config(state.autotuner, config, a, kwargs), args))
+            if not ok:
+                record.failure = out
+            else:
+                state.works.add(slot.config)
+                record.ran = slot.config
+                if slot.timed:
+                    record.sample = out if replay else stop
+                    state.samples[slot.config].append(record.sample)
+                return result
+        return self._fallback(state, record, args, kwargs)
+
+    def _try_launch(self, state: KeyState, index: int, args: tuple, kwargs: dict[str, Any]) -> tuple[bool, Any]:
+        """Launch config `index`: (True, its return value), or (False, the reason) if the config cannot
+        run here, which also marks it failed. Any other exception is the user's and propagates."""
+        return self._launch_noted(state, index, lambda: self._run_config(state.autotuner, state.configs[index], args, kwargs))
+
+    def _run_config(self, at: Autotuner, config: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """A slot's launch: with Triton's benchmarking hooks, unless the call is online (it runs once)."""
+        return launch_cached(at, config, args, kwargs) if self.online else launch_config(at, config, args, kwargs)
+
+    def _launch_noted(self, state: KeyState, index: int, work: Callable[[], Any]) -> tuple[bool, Any]:
+        """_try(work), under the quarantine's note and followed by its synchronize when it is config
+        `index`'s first launch: a config that faults or hangs on these shapes does so there. Later
+        launches go without, since a synchronize after each would keep the host from running ahead."""
+        guard = self.services.quarantine if self.services.quarantine is not None and index not in state.proven else None
+        if guard is not None:
+            guard.begin(state.key_id, state.kernel, state.key, index, config_str(state.configs[index]))
+        try:
+            ok, out = self._try(state, index, work)
+        except BaseException:
+            if guard is not None:
+                guard.clear()  # raised on the host: the user's error, not a config that kills
+            raise
+        if guard is not None:
+            # A device fault surfaces here, as an exception from the synchronize; the record then
+            # stays, and the next run skips the config.
+            guard.end()
+            if ok:
+                state.proven.add(index)
+        return ok, out
+
+    def _try(self, state: KeyState, index: int, work: Callable[[], Any]) -> tuple[bool, Any]:
+        try:
+            return True, work()
+        except Exception as e:
+            reason = config_failure_reason(e)
+            if reason is None:
+                raise
+            state.fail(index, reason)
+            return False, reason
+
+    def _fallback(self, state: KeyState, record: SlotRecord, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """Keep the function running with a config known to work here; skip the launch if none is."""
+        # A key met in this step has run no config yet: then any config that compiles keeps the
+        # execution whole (the step's end still shares every failure).
+        while (index := state.fallback(untried=state.compiling is not None)) is not None:
+            ok, out = self._try_launch(state, index, args, kwargs)
+            if ok:
+                state.works.add(index)
+                record.ran = index
+                return out
+        return None
+
+    # ---- what the driver reads at a step's end ----
+
+    def install_step_configs(self, a: Assignment) -> list[KeyState]:
+        """Put each key's config for this timed step into Autotuner.cache, for the warm path to launch.
+
+        Not when a key restores or zeroes arguments (its launches need the hooks) or is still tuned
+        per launch; then the session routes the step as usual. Keys of other points that share an
+        Autotuner key are overwritten here and put back by the decision (_commit_point).
+        """
+        states = self.search.of_point(a.point)
+        if any(restores(s.autotuner) or not (s.settled or s.end_to_end) for s in states):
+            return []
+        chosen = [(s, a.config_for(s)) for s in states]
+        if any(index in s.failures for s, index in chosen):
+            return []
+        for s, index in chosen:
+            s.autotuner.cache[s.key] = s.configs[index]
+        return states
+
+    def name_suspects(self, e: CollectiveTimeoutError) -> None:
+        """Ranks run the same slots in lockstep: a rank that never reached the step's end was most
+        likely hung in one of the slots this rank ran in it (its own SlotHangError names which)."""
+        # A key met in this step ran, on each rank, whichever config that rank compiled first: any of them.
+        met = {id(st) for st in self.new_states}
+        ran = [f"{st.kernel} key={st.key!r} config#{c} {{{config_str(st.configs[c])}}}"
+               for st in self.search.kernels.values() for r in st.records if r.slot is not None
+               for c in (range(len(st.configs)) if id(st) in met else (r.slot.config,))]
+        if ran:
+            e.args = (e.args[0] + " The step it waited at the end of ran these slots here; a rank hung in one of "
+                      "them is the likely cause: " + "; ".join(dict.fromkeys(ran)),)
+
+    def log_slots(self, step: int) -> None:
+        """Log the slots this step ran (each state's records), then forget them."""
+        for state in self.search.kernels.values():
+            for r in state.records:
+                r.ms = r.sample() if r.sample is not None else None
+                slot = r.slot or Slot(-1, -1, False)
+                what = ("after schedule" if r.slot is None else
+                        f"config#{slot.config} iter={slot.iteration} {'timed' if slot.timed else 'warmup'}")
+                ran = "" if r.ran in (None, slot.config) else f" (ran config#{r.ran} instead)"
+                if r.ran is None and r.failure is None:
+                    ran = " (no working config yet: launch skipped)"
+                result = f"FAILED {r.failure}" if r.failure else fmt_ms(r.ms)
+                config = f" {{{config_str(state.configs[slot.config])}}}" if r.slot is not None else ""
+                self.services.log.write("slot", f"slot step={step} kernel={state.kernel} key={state.key!r} "
+                               f"{what}{config} {result}{ran}",
+                               step=step, kernel=state.kernel, key=list(state.key),
+                               config_index=slot.config if r.slot else None, iteration=slot.iteration,
+                               timed=slot.timed, ms=r.ms, failure=r.failure, ran=r.ran)
+            state.records.clear()
