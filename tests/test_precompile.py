@@ -135,6 +135,27 @@ def test_the_compiler_hash_every_compile_keys_on_is_primed_once():
     assert key.cache_info().hits == hits + 1
 
 
+
+def _fresh_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 3, mask=offs < n)
+
+
+def test_under_the_interpreter_precompile_rewrites_the_kernel_on_the_calling_thread():
+    """CPython 3.11's parser is not safe on two threads at once: the interpreter's AST rewrite of a kernel
+    happens on the thread that met the key, before the compile threads start (seen with Triton 3.4)."""
+    from triton_ctx_tune.runtime.compat import interpret_mode, prime_interpreter
+
+    kernel = triton.autotune(configs=block_configs([16, 32]), key=["n"])(triton.jit(_fresh_kernel))
+    if not interpret_mode():
+        assert not prime_interpreter(autotuner(kernel))  # compiled Triton: nothing to rewrite
+        return
+    from triton.runtime.interpreter import InterpretedFunction
+
+    assert _fresh_kernel not in InterpretedFunction.rewritten_fn
+    assert prime_interpreter(autotuner(kernel))
+    assert _fresh_kernel in InterpretedFunction.rewritten_fn
+
 def _running_work(hold: threading.Event, running: list[int], lock: threading.Lock):
     def work(i: int) -> int:
         with lock:

@@ -40,7 +40,7 @@ import torch
 
 from ..runtime.collectives import Collectives
 from ..runtime.compat import (compile_only, config_failure_reason, describe_compile, interpret_mode, kernel_modules, load_binary,
-                     prime_compiler_hash)
+                     prime_compiler_hash, prime_interpreter)
 from .compile_workers import WorkerPool, get_pool
 from ..engine.state import KeyState
 
@@ -287,6 +287,8 @@ class Precompiling:
         if not interpret_mode():
             # Here, once: the threads started below, and this execution's own compile, would all compute it.
             prime_compiler_hash()
+        else:
+            prime_interpreter(state.autotuner)  # its AST is parsed here, not on a compile thread
         self._outcome: tuple[dict[int, Any], dict[int, str], list[int]] | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None

@@ -19,7 +19,11 @@ from ..runtime.compat import config_str, notify_listener
 from ..errors import NoValidConfigError, NoValidPointError
 from ..tools.logs import fmt_ms
 from .search import PointTunable
-from .state import KeyState, Tunable, pick_winner, screen
+from .state import Choice, KeyState, Tunable, screen, stable_winner
+
+# How rank 0's keep-mask marks a winner that a tie-break chose (1: the fastest, or a screening survivor).
+TIE_CODES = {None: 1, "incumbent": 2, "config order": 3}
+TIE_BY_CODE = {code: how for how, code in TIE_CODES.items()}
 
 if TYPE_CHECKING:
     from .services import StepServices
@@ -55,11 +59,10 @@ class Decisions:
         # or a one-hot winner); broadcasting it makes every rank's schedule and choice identical.
         keep = torch.zeros((len(finishing), width), dtype=torch.int64)
         for i, s in enumerate(finishing):
-            times = [math.inf if j in s.dropped else t for j, t in enumerate(reduced[i, : len(s.configs), 0].tolist())]
-            winner = pick_winner(times)
-            chosen = screen(times, svc.early_stop) if s.screening and svc.early_stop else (
-                [] if winner is None else [winner])
-            keep[i, chosen] = 1
+            if s.screening and svc.early_stop:
+                keep[i, screen(self._times(s, reduced[i]), svc.early_stop)] = 1
+            elif (choice := self._choice(s, reduced[i], self._incumbent(s))) is not None:
+                keep[i, choice.winner] = TIE_CODES[choice.tie_break]
         keep = svc.comm.broadcast_from_root(keep, "broadcast decisions")
         for i, s in enumerate(finishing):
             if not bool(keep[i].any()):
@@ -76,7 +79,7 @@ class Decisions:
                         svc.search.resume_point(p)
                     self._log_screen(s, kept, times)
                 else:
-                    self._commit_point(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
+                    self._commit_point(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])  # type: ignore[arg-type]
             elif s.screening and len(kept) > 1:
                 if hold and s.point is not None:
                     s.hold(kept, best=min(kept, key=lambda j: float(times[j, 0])))
@@ -87,7 +90,26 @@ class Decisions:
                 if s.screening:  # one survivor: it has won
                     s.dropped = set(range(len(s.configs))) - set(kept)
                     s.screening = False
-                self._commit(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
+                # Every rank describes the choice alike: band and spread from the reduced times, how from rank 0.
+                choice = self._choice(s, reduced[i], None)
+                how = TIE_BY_CODE.get(int(keep[i, kept[0]]))
+                self._commit(s, kept[0], times, per_rank[:, i, : len(s.configs), 0], choice, how)
+
+    @staticmethod
+    def _times(s: Tunable, reduced: torch.Tensor) -> list[float]:
+        return [math.inf if j in s.dropped else t for j, t in enumerate(reduced[: len(s.configs), 0].tolist())]
+
+    def _choice(self, s: Tunable, reduced: torch.Tensor, incumbent: int | None) -> Choice | None:
+        n = len(s.configs)
+        return stable_winner(self._times(s, reduced), reduced[:n, 1].tolist(), reduced[:n, 2].tolist(), incumbent)
+
+    def _incumbent(self, s: Tunable) -> int | None:
+        """The config that last won this kernel and key, from the cache entry that no longer applies
+        (a new Triton, a changed config list), as read by rank 0, the rank that chooses."""
+        lookup = self.services.misses.get(id(s))
+        won = None if lookup is None or lookup.stale is None else lookup.stale.winner_config
+        names = [config_str(c) for c in s.configs] if won is not None and isinstance(s, KeyState) else []
+        return names.index(won) if won in names else None
 
     def _log_screen(self, s: Tunable, kept: list[int], times: torch.Tensor) -> None:
         svc = self.services
@@ -129,7 +151,8 @@ class Decisions:
                         f"{how}, {pts.tuning_s:.2f} s)")
         svc.point_decided({"winner": winner, "reduced": reduced.tolist(), "per_rank": per_rank.tolist()})
 
-    def _commit(self, s: KeyState, winner: int, reduced: torch.Tensor, per_rank: torch.Tensor) -> None:
+    def _commit(self, s: KeyState, winner: int, reduced: torch.Tensor, per_rank: torch.Tensor,
+                choice: Choice | None = None, how: str | None = None) -> None:
         svc = self.services
         at = s.autotuner
         s.winner = winner
@@ -143,9 +166,12 @@ class Decisions:
         ms = float(reduced[winner, 0])
         failed = sum(1 for t in reduced[:, 0].tolist() if not math.isfinite(t))
         svc.stats.tuned.append(TunedKey(s.kernel, s.key, config_str(best), ms, len(s.configs), failed, s.point))
-        how = f"{svc.opts.reduce} over {svc.comm.world} ranks" if svc.comm.world > 1 else "1 rank"
+        over = f"{svc.opts.reduce} over {svc.comm.world} ranks" if svc.comm.world > 1 else "1 rank"
+        tie = "" if choice is None or how is None else (
+            f"; tie-break ({how}) among configs {choice.ties} within {choice.band:.1%} of the fastest, "
+            f"config#{choice.fastest} {fmt_ms(float(reduced[choice.fastest, 0]))}")
         svc.log.write("decision", f"decision kernel={s.kernel} key={s.key!r} winner=config#{winner} {{{config_str(best)}}} "
-                      f"{fmt_ms(ms)} ({svc.opts.stat}, {how}); reduced=[{', '.join(f'{t:.4f}' for t in reduced[:, 0].tolist())}]",
+                      f"{fmt_ms(ms)} ({svc.opts.stat}, {over}){tie}; reduced=[{', '.join(f'{t:.4f}' for t in reduced[:, 0].tolist())}]",
                       kernel=s.kernel, key=list(s.key), point=s.point, end_to_end=s.end_to_end,
                       winner=winner, winner_config=config_str(best),
                       configs=[config_str(c) for c in s.configs], reduced=reduced[:, 0].tolist(),
@@ -153,9 +179,12 @@ class Decisions:
                       per_rank=per_rank.tolist(), local_failures={str(k): v for k, v in s.failures.items()},
                       screened_out=sorted(s.dropped),
                       reduce=svc.opts.reduce, stat=svc.opts.stat, world=svc.comm.world,
-                      executions=svc.stats.executions, tuning_s=s.tuning_s)
+                      executions=svc.stats.executions, tuning_s=s.tuning_s,
+                      fastest=None if choice is None else choice.fastest, ties=None if choice is None else choice.ties,
+                      band=None if choice is None else choice.band, spread=None if choice is None else choice.spread,
+                      tie_break=how)
         svc.log.summary(f"{svc.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
-                        f"({len(s.configs)} configs, {failed} failed, {len(s.dropped)} screened out, {how}, "
+                        f"({len(s.configs)} configs, {failed} failed, {len(s.dropped)} screened out, {over}, "
                         f"{s.tuning_s:.2f} s)")
         lookup = svc.misses.pop(id(s), None)
         if lookup is not None and svc.cache is not None:

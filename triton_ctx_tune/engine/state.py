@@ -213,6 +213,39 @@ def pick_winner(times: list[float]) -> int | None:
     return best
 
 
+# Near-ties: candidates within a band of the fastest are one tie, broken the same way every run. The band
+# is the fastest config's own spread (q80 - q20 over its median), at least TIE_FLOOR (timers' resolution)
+# and at most TIE_CAP (the most a tie-break may give away).
+TIE_FLOOR = 0.01
+TIE_CAP = 0.05
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A decision among measured configs: the winner, and how it was reached."""
+    winner: int
+    fastest: int
+    spread: float  # the fastest config's (q80 - q20) / median
+    band: float  # configs within fastest * (1 + band) are one tie
+    ties: list[int]
+    tie_break: str | None  # None: the fastest won; "incumbent" or "config order": it decided
+
+
+def stable_winner(times: list[float], q20: list[float], q80: list[float], incumbent: int | None = None) -> Choice | None:
+    """The winner among near-ties: the incumbent (the last winner of this kernel and key) if it is in the
+    band, else the first in the config list; None when no config has a finite time."""
+    fastest = pick_winner(times)
+    if fastest is None:
+        return None
+    best = times[fastest]
+    spread = (q80[fastest] - q20[fastest]) / best if best > 0 and math.isfinite(q80[fastest] - q20[fastest]) else 0.0
+    band = min(TIE_CAP, max(TIE_FLOOR, spread))
+    ties = [i for i, t in enumerate(times) if math.isfinite(t) and t <= best * (1 + band)]
+    winner = incumbent if incumbent in ties else ties[0]
+    how = None if winner == fastest else ("incumbent" if winner == incumbent else "config order")
+    return Choice(winner, fastest, spread, band, ties, how)
+
+
 def screen(times: list[float], factor: float) -> list[int]:
     """Configs whose screening time is finite and within `factor` of the best one."""
     finite = [t for t in times if math.isfinite(t)]

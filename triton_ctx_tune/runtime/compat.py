@@ -23,7 +23,7 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.errors import InterpreterError, OutOfResources, PTXASError
 
 __all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "interpret_mode", "tuning_key",
-           "prune_configs", "RUN_LEAVES", "note_run", "launch_config", "launch_cached", "compile_only", "prime_compiler_hash", "load_binary", "reset_before_final_launch", "config_failure_reason", "kernel_name", "JitInfo", "jit_info", "jit_function",
+           "prune_configs", "RUN_LEAVES", "note_run", "launch_config", "launch_cached", "compile_only", "prime_compiler_hash", "prime_interpreter", "load_binary", "reset_before_final_launch", "config_failure_reason", "kernel_name", "JitInfo", "jit_info", "jit_function",
            "inner_heuristics", "constexpr_value", "aggregate_members", "is_triton_builtin",
            "autotuner_definition", "autotuner_hooks", "explain_error", "interpreter_numpy_note",
            "config_to_dict", "config_str", "print_autotuning", "notify_listener", "LaunchSpec", "TensorStandIn",
@@ -192,6 +192,24 @@ def prime_compiler_hash() -> bool:
             fn()
             return True
     return False  # a Triton that keys its cache otherwise: nothing to prime
+
+
+def prime_interpreter(at: Autotuner) -> bool:
+    """Under the interpreter, rewrite the kernel's AST on the calling thread, once, before compile-only
+    launches of it start on other threads.
+
+    The interpreter rewrites a kernel's source at its first launch (InterpretedFunction.rewrite, cached
+    per function), with ast.parse. CPython 3.11's parser is not safe on two threads at once ("SystemError:
+    AST constructor recursion depth mismatch", seen with Triton 3.4 when a key's background compile and
+    the execution both met a kernel for the first time).
+    """
+    fn: Any = at.fn
+    while fn is not None and not callable(getattr(fn, "rewrite", None)):
+        fn = getattr(fn, "fn", None)  # through heuristics() wrappers to the InterpretedFunction
+    if fn is None:
+        return False
+    fn.rewrite()
+    return True
 
 
 def load_binary(compiled: Any) -> None:

@@ -416,6 +416,7 @@ class Stale:
     path: Path
     reasons: list[str]
     others: int  # further entries of this kernel and key that do not apply either
+    winner_config: str | None = None  # its winner: the incumbent among near-ties (decisions.py)
 
     def describe(self, kernel: str, key: tuple) -> tuple[str, dict[str, Any]]:
         """The log line and the event's fields."""
@@ -497,7 +498,7 @@ class TuningCache:
             named.sort(key=lambda p: p.stat().st_mtime, reverse=True)
         except OSError:
             return None
-        found: list[tuple[int, Path, list[str]]] = []
+        found: list[tuple[int, Path, list[str], str | None]] = []
         for order, candidate in enumerate(named[:_MAX_STALE_READS]):
             try:
                 old = json.loads(candidate.read_bytes()[:_MAX_ENTRY_BYTES])
@@ -506,11 +507,13 @@ class TuningCache:
             old_ident = old.get("identity") if isinstance(old, dict) else None
             if (isinstance(old_ident, dict) and old_ident.get("kernel") == ident["kernel"]
                     and old_ident.get("key") == ident["key"]):
-                found.append((order, candidate, identity_changes(old_ident, ident)))
+                won = old.get("winner")
+                won_config = won.get("config") if isinstance(won, dict) and isinstance(won.get("config"), str) else None
+                found.append((order, candidate, identity_changes(old_ident, ident), won_config))
         if not found:
             return None
-        _, closest, reasons = min(found, key=lambda f: (len(f[2]), f[0]))  # fewest changes, then newest
-        return Stale(closest, reasons, len(found) - 1)
+        _, closest, reasons, won_config = min(found, key=lambda f: (len(f[2]), f[0]))  # fewest changes, then newest
+        return Stale(closest, reasons, len(found) - 1, won_config)
 
     def store(self, lookup: Lookup, configs: Sequence[Config], winner: int, reduced: Sequence[Sequence[float]],
               per_rank: Sequence[Sequence[float]], failures: dict[int, str], tuned: dict[str, Any]) -> Path | None:

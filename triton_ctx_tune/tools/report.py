@@ -46,6 +46,13 @@ class KeyReport:
     date: str | None = None
     occurrences: int = 0
     error: dict[str, list[str]] | None = None  # config text -> reasons, when no config was valid
+    # Near-ties (decisions.py): the band around the fastest, the fastest config's spread that set it, the
+    # configs inside it, the fastest one, and what a tie-break chose ("incumbent", "config order") if it did.
+    band: float | None = None
+    spread: float | None = None
+    ties: list[int] = field(default_factory=list)
+    fastest: int | None = None
+    tie_break: str | None = None
 
 
 @dataclass
@@ -139,6 +146,8 @@ def _from_decision(e: dict[str, Any], function: str | None) -> KeyReport:
     r.per_rank = [[_finite(x) for x in row] for row in e.get("per_rank", [])]
     r.stat, r.reduce, r.world = e.get("stat", "median"), e.get("reduce", "max"), int(e.get("world", 1))
     r.executions, r.tuning_s = e.get("executions"), e.get("tuning_s")
+    r.band, r.spread, r.ties = e.get("band"), e.get("spread"), list(e.get("ties") or [])
+    r.fastest, r.tie_break = e.get("fastest"), e.get("tie_break")
     return r
 
 
@@ -338,6 +347,11 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
         lines.append(f"  runner-up  #{up} {{{r.configs[up]}}}  {r.ms[up]:.4f} ms  (+{margin:.4f} ms{pct} slower)")
     elif r.ms:
         lines.append("  runner-up  none (no other config has a time)")
+    if r.band is not None:
+        within = f"configs {r.ties} within it" if len(r.ties) > 1 else "no other config within it"
+        decided = ("the fastest won" if r.tie_break is None else
+                   f"the tie-break ({r.tie_break}) chose #{r.winner} over the fastest, #{r.fastest}")
+        lines.append(f"  near-ties  band {r.band:.1%} (the fastest's spread {r.spread or 0:.1%}): {within}; {decided}")
     winner_times = [(rank, row[r.winner]) for rank, row in enumerate(r.per_rank) if r.winner < len(row)]
     finite = [t for _, t in winner_times if t is not None]
     if len(finite) > 1:
