@@ -13,8 +13,8 @@ import torch
 pytestmark = pytest.mark.dist
 
 ROOT = Path(__file__).resolve().parents[1]
-NORMAL = ["agree", "one_rank_fails", "skew_max", "skew_mean", "early_stop", "all_fail_on_rank1", "mismatch",
-          "backward", "backward_checkpoint"]
+NORMAL = ["agree", "one_rank_fails", "skew_max", "skew_mean", "near_tie", "early_stop", "all_fail_on_rank1",
+          "mismatch", "backward", "backward_checkpoint"]
 DEADLINE_S = 600
 
 
@@ -82,6 +82,19 @@ def test_rank_dependent_timings_use_the_max_consensus(normal_runs):
         _no_errors(rows)
         assert all(r["ok"] for r in rows)
         assert all(r["blocks"] == {"(64, 'torch.float32')": block} for r in rows), (name, rows)
+
+
+def test_a_near_tie_is_broken_by_rank_0_and_every_rank_logs_the_same_choice(normal_runs):
+    _, results, _ = normal_runs
+    rows = results["near_tie"]
+    _no_errors(rows)
+    assert all(r["ok"] and r["blocks"] == {"(64, 'torch.float32')": 32} for r in rows), rows
+    decisions = [r["decision"] for r in rows]
+    assert all(d == decisions[0] for d in decisions), decisions
+    d = decisions[0]
+    # The list's first, 32, though 16 was faster. On the second world size the first's cache entry (another
+    # world size: no longer applies) names 32 as the incumbent, which the tie-break then says.
+    assert (d["winner"], d["fastest"], d["ties"]) == (0, 1, [0, 1]) and d["tie_break"] in ("config order", "incumbent")
 
 
 def test_early_stopping_keeps_the_consensus_survivors_on_every_rank(normal_runs):
