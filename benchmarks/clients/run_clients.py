@@ -31,7 +31,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -231,37 +231,52 @@ def run_job(args: argparse.Namespace, cache: dict[str, Any], runner: Any = None)
 
 def run(args: argparse.Namespace, ranks: Any, specs: list[Any], cache: dict[str, Any]) -> int:
     import summary
-    from benchlib import jsonable, write_json
-    from common import Context
+    from benchlib import jsonable
 
     default_out = ROOT / "benchmarks" / "results" / "clients" / f"clients-{args.arm}-{ranks.world}ranks.json"
     out = Path(args.out) if args.out else default_out
     meta = job_meta("run_clients", args, ranks, specs, cache, step_iters=args.step_iters,
                     early_workers=args.early_workers)
-    prime(ranks)
-    ctx = Context(ranks, args.seed, args.small)
-    all_modules = tuple(m for s in specs for m in s.modules)
-    records: list[dict[str, Any]] = []
-    for spec in specs:
-        ranks.log(f"=== {spec.name} [{args.arm}]: {spec.summary}")
-        try:
-            rec = run_client(spec, ctx, args, all_modules, out.parent / "ctx_logs" / spec.name)
-        except Exception as e:  # noqa: BLE001 - keep the other clients' results
-            traceback.print_exc()
-            rec = {"client": spec.name, "arm": args.arm, "error": f"{type(e).__name__}: {e}"}
-        ranks.log(f"{spec.name} [{args.arm}]: " + (f"FAILED {rec['error']}" if rec.get("error") else
-                  f"first call {rec['first_call']['wall_s']:.2f} s, {rec['first_call']['executions']} executions, "
-                  f"worst error {rec['first_call']['errors']['worst']:.2e}"), all_ranks=bool(rec.get("error")))
-        records.append(rec)
-        release_memory(ranks)
-        if ranks.rank == 0:  # after every client, so a later failure keeps the earlier results
-            write_json(out, {"arm": args.arm, "meta": meta, "results": records})
+    records = run_specs(
+        args, ranks, specs, out, meta, heading=lambda spec: spec.summary,
+        one=lambda spec, ctx, all_modules: run_client(spec, ctx, args, all_modules, out.parent / "ctx_logs" / spec.name),
+        describe=lambda rec: (f"first call {rec['first_call']['wall_s']:.2f} s, {rec['first_call']['executions']} "
+                              f"executions, worst error {rec['first_call']['errors']['worst']:.2e}"))
     if ranks.rank == 0:
         summary.print_report(jsonable(records), f"run_clients: arm={args.arm} world={ranks.world} gpu={meta['gpu']} "
                                                 f"commit={str(meta['git_commit'])[:10]}")
         print(f"wrote {out}", flush=True)
     failed = any(r.get("error") or not r["first_call"]["errors"]["ok"] for r in records)
     return 1 if failed else 0
+
+
+def run_specs(args: argparse.Namespace, ranks: Any, specs: list[Any], out: Path, meta: dict[str, Any],
+              heading: Callable[[Any], str], one: Callable[[Any, Any, tuple[str, ...]], dict[str, Any]],
+              describe: Callable[[dict[str, Any]], str]) -> list[dict[str, Any]]:
+    """Every client in turn, on every rank: `one(spec, ctx, all_modules)` is its record, an exception in it that
+    client's error (the others still run); `describe(record)` is its log line. Rank 0 writes `out` after every
+    client, so a later failure keeps the earlier results. Used by run (here) and train_loop.py."""
+    from benchlib import write_json
+    from common import Context
+
+    prime(ranks)
+    ctx = Context(ranks, args.seed, args.small)
+    all_modules = tuple(m for s in specs for m in s.modules)
+    records: list[dict[str, Any]] = []
+    for spec in specs:
+        ranks.log(f"=== {spec.name} [{args.arm}]: {heading(spec)}")
+        try:
+            rec = one(spec, ctx, all_modules)
+        except Exception as e:  # noqa: BLE001 - keep the other clients' results
+            traceback.print_exc()
+            rec = {"client": spec.name, "arm": args.arm, "error": f"{type(e).__name__}: {e}"}
+        ranks.log(f"{spec.name} [{args.arm}]: " + (f"FAILED {rec['error']}" if rec.get("error") else describe(rec)),
+                  all_ranks=bool(rec.get("error")))
+        records.append(rec)
+        release_memory(ranks)
+        if ranks.rank == 0:
+            write_json(out, {"arm": args.arm, "meta": meta, "results": records})
+    return records
 
 
 def job_meta(script: str, args: argparse.Namespace, ranks: Any, specs: list[Any], cache: dict[str, Any],

@@ -28,11 +28,10 @@ import json
 import math
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from run_clients import (CLIENT_MODULES, ROOT, job_meta, prime, release_memory, run_arm, setup_paths)
+from run_clients import CLIENT_MODULES, ROOT, job_meta, run_arm, run_specs, setup_paths
 
 ARMS = ("fixed", "plain", "reexec", "online")
 DEFAULT_CLIENTS = ("fla_simple_gla", "cce")
@@ -80,31 +79,16 @@ def main(argv: list[str] | None = None) -> int:
 # ---- the run ----------------------------------------------------------------------------------------
 
 def run(args: argparse.Namespace, ranks: Any, specs: list[Any], cache: dict[str, Any]) -> int:
-    from benchlib import write_json
-    from common import Context
-
     default_out = ROOT / "benchmarks" / "results" / "clients" / f"train-{args.arm}-{ranks.world}ranks.json"
     out = Path(args.out) if args.out else default_out
     meta = job_meta("train_loop", args, ranks, specs, cache, steps=args.steps, lr=args.lr)
-    prime(ranks)
-    ctx = Context(ranks, args.seed, args.small)
-    all_modules = tuple(m for s in specs for m in s.modules)
-    records: list[dict[str, Any]] = []
-    for spec in specs:
-        ranks.log(f"=== {spec.name} [{args.arm}]: {args.steps} steps of {spec.summary}, then AdamW")
-        try:
-            rec = train_client(spec, ctx, args, all_modules, out.parent / "ctx_logs" / f"train-{args.arm}" / spec.name)
-        except Exception as e:  # noqa: BLE001 - keep the other clients' results
-            traceback.print_exc()
-            rec = {"client": spec.name, "arm": args.arm, "error": f"{type(e).__name__}: {e}"}
-        ranks.log(f"{spec.name} [{args.arm}]: " + (f"FAILED {rec['error']}" if rec.get("error") else
-                  f"first tuned step ended at {_fmt(rec['first_tuned']['at_s'], '.2f')} s (call "
-                  f"{rec['first_tuned']['call']}), first {rec['total']['steps']} steps {rec['total']['s']:.2f} s, "
-                  f"steady {rec['steady_ms']:.3f} ms, {_tuning_cell(rec)}"), all_ranks=bool(rec.get("error")))
-        records.append(rec)
-        release_memory(ranks)
-        if ranks.rank == 0:  # after every client, so a later failure keeps the earlier results
-            write_json(out, {"arm": args.arm, "meta": meta, "results": records})
+    records = run_specs(
+        args, ranks, specs, out, meta, heading=lambda spec: f"{args.steps} steps of {spec.summary}, then AdamW",
+        one=lambda spec, ctx, all_modules: train_client(
+            spec, ctx, args, all_modules, out.parent / "ctx_logs" / f"train-{args.arm}" / spec.name),
+        describe=lambda rec: (f"first tuned step ended at {_fmt(rec['first_tuned']['at_s'], '.2f')} s (call "
+                              f"{rec['first_tuned']['call']}), first {rec['total']['steps']} steps "
+                              f"{rec['total']['s']:.2f} s, steady {rec['steady_ms']:.3f} ms, {_tuning_cell(rec)}"))
     if ranks.rank == 0:
         print(f"wrote {out}", flush=True)
     return 1 if any(r.get("error") for r in records) else 0

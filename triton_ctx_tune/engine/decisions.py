@@ -79,7 +79,7 @@ class Decisions:
                         svc.search.resume_point(p)
                     self._log_screen(s, kept, times)
                 else:
-                    self._commit_point(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])  # type: ignore[arg-type]
+                    self._commit_point(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
             elif s.screening and len(kept) > 1:
                 if hold and s.point is not None:
                     s.hold(kept, best=min(kept, key=lambda j: float(times[j, 0])))
