@@ -28,7 +28,7 @@ OPTIONS = ["is_dist", "n_repeat", "n_warmup", "group", "reduce", "stat", "flush_
            "compile_workers", "compile_timeout_s",
            "cuda_graph", "quarantine",
            "slot_timeout_s", "objective", "e2e_runs", "validate", "reference", "compare", "atol", "rtol",
-           "max_mismatch_ratio", "exactly_once", "snapshot_limit_mb", "online"]
+           "max_mismatch_ratio", "exactly_once", "snapshot_limit_mb", "online", "buckets", "freeze", "flops", "bytes"]
 
 
 def test_misspelt_keyword_names_the_closest_option_and_lists_them_all():
@@ -67,6 +67,7 @@ BAD_ENV = {
     "TRITON_CTX_TUNE_COMPILE_WORKERS": ("-2", "a number of worker processes >= 0 (0: compile on threads only); "
                                         "unset: none unless start_compile_workers() started them"),
     "TRITON_CTX_TUNE_SNAPSHOT_LIMIT_MB": ("lots", "a number of MiB >= 0 (inf: no limit); unset for 4096"),
+    "TRITON_CTX_TUNE_FREEZE": ("always", FLAG),
 }
 
 
@@ -349,6 +350,11 @@ def _launch(**env: str) -> Callable[[Ctx], object]:
     return act
 
 
+def _ahead(sizes: Any, inputs_for: Any = None, spread: bool = False, **options: Any) -> Callable[[Ctx], object]:
+    return lambda c: contextual_autotune(**{**FAST, **options})(_double).tune_ahead(sizes, inputs_for, spread=spread,
+                                                                                   timed_runs=1)
+
+
 def _none(x: torch.Tensor) -> None:
     _double(x)  # writes into a copy it never returns: validation would have nothing to compare
 
@@ -465,6 +471,34 @@ MISUSES: list[Misuse] = [
            ("is_dist=True", "init_process_group", "is_dist=False")),
     Misuse("autotune validate=True, result None", _fn_call(fn=lambda x, chunks: _none(x), validate=True),
            NothingToValidateError, ("validate=True", "holds no tensor", "compare="), runs=True),
+    # serving: buckets, freeze, throughput, tune_ahead
+    Misuse("buckets with an unknown rule", _decorate(buckets={"M": "log2"}), InvalidOptionError,
+           ("buckets={'M': 'log2'}", "one of 'pow2', a sorted list of ints, or a callable")),
+    Misuse("buckets with unsorted edges", _decorate(buckets={"M": [64, 16]}), InvalidOptionError,
+           ("buckets={'M': [64, 16]}", "strictly increasing")),
+    Misuse("buckets='pow2'", _decorate(buckets="pow2"), InvalidOptionError,
+           ("buckets='pow2'", "a dict mapping a key dimension's name", 'buckets={"M": "pow2"}')),
+    Misuse("a bucket rule returning a float", _ctx_call(buckets={"n": lambda n: n / 2}), InvalidOptionError,
+           ("buckets=", "a rule for 'n' that returns an int (it returned 32.0 for 64)"), runs=True),
+    Misuse("freeze='yes'", _decorate(freeze="yes"), InvalidOptionError, ("freeze='yes'", "True, False or None")),
+    Misuse("flops=3", _decorate(flops=3), InvalidOptionError, ("flops=3", "a callable flops(*args, **kwargs)")),
+    Misuse("tune_ahead(sizes=[])", _ahead([], lambda n: (_x(),)), InvalidOptionError,
+           ("tune_ahead(sizes=...)=[]", "a non-empty list of ints >= 0")),
+    Misuse("tune_ahead without inputs", _ahead([64]), InvalidOptionError,
+           ("tune_ahead(inputs_for=..., example=...)", "exactly one of them")),
+    Misuse("tune_ahead with a factory that ignores its size", _ahead([32], lambda n: (_x(),)), UserHookError,
+           ("inputs_for", "size 32 with no tensor dimension", "make inputs_for(size) build the call's inputs")),
+    Misuse("tune_ahead with a factory that raises", _ahead([32], _raise(MemoryError("too big"))), UserHookError,
+           ("inputs_for raised MemoryError: too big", "Fix: make inputs_for(size) return"), cause=MemoryError),
+    Misuse("tune_ahead every bucket without buckets", lambda c: contextual_autotune(**FAST)(_double).tune_ahead(
+        dim="n", up_to=64, inputs_for=lambda n: (_x(),)), InvalidOptionError,
+        ("tune_ahead(sizes=None)", "dim= and up_to= with buckets= declared")),
+    Misuse("tune_ahead spread for a function with collectives", _ahead([64], lambda n: (_x(),), spread=True,
+                                                                         is_dist=True), InvalidOptionError,
+           ("tune_ahead(spread=True)", "collectives need every rank")),
+    Misuse("tune_ahead with flops returning text", _ahead([64], lambda n: (torch.ones(n, device=DEVICE),),
+                                                          flops=lambda x: "many"), UserHookError,
+           ("flops returned 'many', not a finite number", "Fix: make flops(*args, **kwargs) return")),
     # carry, start_compile_workers
     Misuse("carry(42)", lambda c: carry(42), InvalidOptionError, ("carry(fn)=42", "the callable a thread will run")),
     Misuse("start_compile_workers(-1)", lambda c: start_compile_workers(-1), InvalidOptionError,

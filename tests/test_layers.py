@@ -11,7 +11,7 @@ ROOT = PACKAGE.name
 # Which group a module belongs to, and which groups each group may import (its own included where listed).
 GROUPS = {"runtime": "runtime", "store": "store", "compile": "compile", "engine": "engine",
           "tools.logs": "logs", "tools.report": "readers", "tools.cli": "readers", "tools": "readers",
-          "errors": "errors", "options": "options", "tuner": "public", "function_tuner": "public",
+          "errors": "errors", "options": "options", "tuner": "public", "function_tuner": "public", "serving": "public",
           "": "top", "__main__": "top"}
 BELOW_OPTIONS = {"compile", "store", "logs", "runtime", "errors"}
 ALLOWED = {

@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 import torch
 
@@ -127,6 +127,8 @@ class FunctionAutotuner(ContextualAutotuner[R]):
         key = (call_hook("key_fn", "make key_fn(*args, **kwargs) return a hashable value for these arguments, "
                          "such as a tuple of ints (shapes) and strings (dtypes)", self.key_fn, *args,
                          check=_unhashable, **kwargs) if self.key_fn is not None else None)
+        if isinstance(key, Mapping):  # named values: bucketed by name (buckets=), then a sorted tuple that hashes
+            key = opts.bucketing.function_key(key) if opts.bucketing is not None else tuple(sorted(key.items()))
         if not autotune:
             return self._run(opts, args, kwargs, points[0], None)
         winner = self.best.get(key)
@@ -232,6 +234,8 @@ def _check_switches(autotune_pg: Any, **flags: Any) -> None:
 
 
 def _unhashable(key: Any) -> str | None:
+    if isinstance(key, Mapping):
+        key = tuple(key.items())
     try:
         hash(key)
     except TypeError:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .store.cache import resolve_dir
+from .runtime.buckets import Buckets, Rule
 # compile_workers owns its variable's parsing; options only reads it (imports run this way only).
 from .compile.compile_workers import env_compile_workers, started_workers
 from .errors import InvalidOptionError, UnknownOptionError
@@ -112,6 +113,7 @@ ENVIRONMENT: dict[str, Callable[[], object]] = {
     "TRITON_CTX_TUNE_SLOT_TIMEOUT": lambda: _env_float("TRITON_CTX_TUNE_SLOT_TIMEOUT", DEFAULT_SLOT_TIMEOUT_S),
     "TRITON_CTX_TUNE_COMPILE_WORKERS": env_compile_workers,
     "TRITON_CTX_TUNE_SNAPSHOT_LIMIT_MB": env_snapshot_limit_mb,
+    "TRITON_CTX_TUNE_FREEZE": lambda: _env_flag("TRITON_CTX_TUNE_FREEZE"),
     "TRITON_CTX_TUNE_LOG_DIR": lambda: None,
     "TRITON_CTX_TUNE_CACHE_DIR": lambda: None,
 }
@@ -199,8 +201,31 @@ class TuneOptions:
     # calls cannot be repeated. Not with validate=True, objective="end_to_end", cuda_graph=True or a
     # function-level space (each needs repeated executions).
     online: bool = False
+    # Shape buckets (runtime/buckets.py): {"M": "pow2"}, {"M": [1, 16, 128, 1024]} or {"M": callable}.
+    # A key whose bucketed dimensions fall into a tuned bucket runs that bucket's winner, with no
+    # tuning; a new bucket is tuned on the shape that first meets it (or on its representative, by
+    # tune_ahead). Names match the kernels' @triton.autotune key names, and autotune()'s key_fn
+    # when it returns a dict. None: every distinct key is tuned.
+    buckets: dict[str, Rule] | None = None
+    # Serving: a call never tunes. A key with no tuned result (Autotuner.cache, the tuning cache, a
+    # shipped file) runs the winner of the nearest tuned key of the same kernel (its bucketed
+    # dimensions closest on a log scale, everything else equal), else the kernel's first config; the
+    # miss is logged once per key and counted by `report`. None: TRITON_CTX_TUNE_FREEZE, else off.
+    freeze: bool | None = None
+    # The work of one call, for throughput next to latency: flops(*args, **kwargs) and
+    # bytes(*args, **kwargs) return the call's floating-point operations and bytes moved; tune_ahead's
+    # table and `report` then show TFLOP/s, GB/s and the fraction of the device's peak.
+    flops: Callable[..., float] | None = None
+    bytes: Callable[..., float] | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_bucketing", None if self.buckets is None else Buckets(self.buckets))
+        if self.freeze is not None and not isinstance(self.freeze, bool):
+            raise InvalidOptionError("freeze", self.freeze, "True, False or None (None: TRITON_CTX_TUNE_FREEZE decides)")
+        for name in ("flops", "bytes"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise InvalidOptionError(name, getattr(self, name), f"a callable {name}(*args, **kwargs) -> number "
+                                         "taking the tuned function's arguments, or None")
         if self.e2e_runs is not None and (isinstance(self.e2e_runs, bool) or not isinstance(self.e2e_runs, int)
                                           or self.e2e_runs < 1):
             raise InvalidOptionError("e2e_runs", self.e2e_runs, "an int >= 1, or None for the default")
@@ -358,6 +383,14 @@ class TuneOptions:
         if self.e2e_runs is not None:
             return self.e2e_runs
         return 1 if timer_kind == "host" else DEFAULT_E2E_RUNS
+
+    @property
+    def bucketing(self) -> Buckets | None:
+        """The checked rules of `buckets` (runtime/buckets.py), built once with the options."""
+        return self.__dict__["_bucketing"]
+
+    def resolved_freeze(self) -> bool:
+        return _env_flag("TRITON_CTX_TUNE_FREEZE") if self.freeze is None else self.freeze
 
     def resolved_retune(self) -> bool:
         return _env_flag("TRITON_CTX_TUNE_RETUNE")

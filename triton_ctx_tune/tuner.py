@@ -1,9 +1,10 @@
 """The decorator: re-execute a side-effecting function once per config step, then once with the winners."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
-from typing import Any, Callable, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Sequence, TypeVar, overload
 
 import torch
 
@@ -15,6 +16,9 @@ from .errors import call_hook
 from .engine.exactly_once import StateGuard, stop_unless_restorable
 from .options import TuneOptions
 from .engine.session import CallStats, Session
+
+if TYPE_CHECKING:
+    from .serving import AheadRow
 
 R = TypeVar("R")
 
@@ -43,6 +47,29 @@ class ContextualAutotuner(Generic[R]):
     def last_call(self) -> CallStats | None:
         """What the last call did: executions, keys tuned, cache hits, wall time."""
         return None if self._last is None else self._last.stats
+
+    def tune_ahead(self, sizes: Iterable[int] | None = None, inputs_for: Callable[[int], Any] | None = None, *,
+                   example: Sequence[Any] | None = None, resize: dict[int, int] | None = None,
+                   dim: str | None = None, up_to: int | None = None, spread: bool = False,
+                   timed_runs: int = 3) -> list[AheadRow]:
+        """Tune every size a server will meet before it serves (serving.py): one call per size.
+
+        sizes: the sizes of the dynamic dimension, or None with dim= and up_to= for every bucket of
+        dim (buckets=) up to up_to. inputs_for(size) builds the call's arguments (a tuple, a dict of
+        keywords, or both as a pair); or example=(args...) with resize={position: dim} resizes the
+        example's tensors. dim= also checks that each size's call met that size in a kernel's key.
+        spread=True: a function without collectives (is_dist=False) on a job of several ranks; each
+        rank tunes a share of the sizes and every rank ends with every winner. Each size's warm call
+        is then timed `timed_runs` times; with flops=/bytes= its throughput is shown. Runs with
+        freeze off whatever freeze says: this is where tuning is meant to happen.
+        """
+        from . import serving
+
+        frozen, self.opts = self.opts, dataclasses.replace(self.opts, freeze=False)
+        try:
+            return serving.tune_ahead(self, sizes, inputs_for, example, resize, dim, up_to, spread, timed_runs)
+        finally:
+            self.opts = frozen
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         return self if instance is None else functools.partial(self, instance)

@@ -56,6 +56,8 @@ class Call:
             if not kwargs.get("warmup"):  # Triton passes warmup=False on every normal launch
                 key = tuning_key(at, args, kwargs)
                 config = at.cache.get(key)
+                if config is None and self.opts.bucketing is not None:
+                    config = self.bucket_winner(at, key)
                 if config is not None:
                     if session is None and self.guard is None:
                         return launch_cached(at, config, args, kwargs)
@@ -67,6 +69,15 @@ class Call:
             else:
                 session = session or self.start_session(at, None)
         return session.launch(at, args, kwargs)
+
+    def bucket_winner(self, at: Autotuner, key: tuple) -> Any:
+        """The winner of the tuned bucket `key` falls into, remembered under `key` too: the next launch
+        of this shape then hits Autotuner.cache at once, as Triton's own run would."""
+        assert self.opts.bucketing is not None
+        config = at.cache.get(self.opts.bucketing.kernel_key(at, key))
+        if config is not None:
+            at.cache[key] = config
+        return config
 
     def run_deferred(self, at: Autotuner, key: tuple, args: tuple, kwargs: dict[str, Any]) -> Any:
         """An untuned key in a call that may not re-execute: its first config runs, untuned, this once."""

@@ -192,6 +192,7 @@ class Decisions:
                                    {"function": svc.function, "executions": svc.stats.executions,
                                     "tuning_s": s.tuning_s, "n_warmup": s.n_warmup, "n_repeat": s.n_repeat})
             if path is not None:
+                svc.stats.stored.append(str(path))
                 svc.log.write("cache-store", f"cache-store kernel={s.kernel} key={s.key!r} -> {path}",
                               kernel=s.kernel, key=list(s.key), path=str(path), id=lookup.id)
 

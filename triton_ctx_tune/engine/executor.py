@@ -9,6 +9,8 @@ the driver reads that at the step's end, where the ranks agree and decide.
 """
 from __future__ import annotations
 
+import ast
+import contextlib
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -18,8 +20,9 @@ from ..compile import precompile
 from ..errors import CollectiveTimeoutError, EmptyConfigSpaceError
 from ..runtime.compat import (Autotuner, compile_only, config_failure_reason, config_str, kernel_name, launch_cached,
                               launch_config, prune_configs, reset_before_final_launch, restores, tuning_key)
+from ..runtime.buckets import key_by_name, nearest
 from ..runtime.patch import original_run
-from ..store.cache import Lookup, entry_id, identity
+from ..store.cache import Lookup, entry_id, identity, tuned_neighbours
 from ..tools.logs import fmt_ms
 from .exactly_once import paused
 from .search import Assignment, Search
@@ -77,6 +80,8 @@ class Executor:
         if len(at.configs) <= 1:
             return run(at, *args, **kwargs)
         key = tuning_key(at, args, kwargs)
+        if self.opts.bucketing is not None:  # a key is tuned, cached and decided as its bucket
+            key = self.opts.bucketing.kernel_key(at, key)
         if kwargs.get("warmup"):
             # Compile-only: Triton's own run would "benchmark" launches that do nothing.
             configs = [at.cache[key]] if key in at.cache else prune_configs(at, args, kwargs)
@@ -88,6 +93,7 @@ class Executor:
             # neither Autotuner.cache nor the per-kernel cache (tuned without that context) answers.
             if key in at.cache and point is None:
                 return self._known(at, at.cache[key], args, kwargs)
+            self.stats.met[(kernel_name(at), key)] = key_by_name(at, key)
             configs = prune_configs(at, args, kwargs)
             if not configs:
                 raise EmptyConfigSpaceError(kernel_name(at), key)
@@ -107,6 +113,8 @@ class Executor:
                 line, fields = lookup.stale.describe(kernel_name(at), key)
                 self.services.log.write("cache-stale", line, **fields)
                 self.services.log.summary(f"{self.services.function}: {line}")
+            if self.opts.resolved_freeze():
+                return self._known(at, self._frozen(at, key, configs, lookup), args, kwargs)
             state = self._new_state(at, key, configs, args, kwargs, lookup.id if lookup is not None else None)
             if lookup is not None:
                 self.misses[id(state)] = lookup
@@ -192,6 +200,36 @@ class Executor:
         self.services.progress.clear()
         self.services.log.summary(f"{self.services.function}: {kernel_name(at)} key={key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
                          f"(from the tuning cache, tuned {date})")
+
+    def _frozen(self, at: Autotuner, key: tuple, configs: list, lookup: Lookup | None) -> Any:
+        """freeze: a key with no tuned result runs the winner of the nearest tuned key of its kernel, else
+        the first config, and is never tuned. Rank 0 chooses (it alone reads the cache) for every rank."""
+        winners = {k: config_str(c) for k, c in list(at.cache.items()) if isinstance(k, tuple)}
+        if lookup is not None and self.services.cache is not None and self.services.cache.reads_and_writes:
+            for text, config in tuned_neighbours(self.services.cache.directory, lookup.identity).items():
+                with contextlib.suppress(ValueError, SyntaxError):
+                    winners.setdefault(ast.literal_eval(text), config)
+        names = [config_str(c) for c in configs]
+        dims = self.opts.bucketing.dimensions(at) if self.opts.bucketing is not None else None
+        near = nearest(key, (k for k, c in winners.items() if c in names), dims)
+        index = names.index(winners[near]) if near is not None else 0
+        chosen = self.services.comm.broadcast_from_root(torch.tensor([index], dtype=torch.int64),
+                                                        "freeze: the config a key with no tuned result runs")
+        index = int(chosen[0])
+        near_text = repr(near) if near is not None and index == names.index(winners[near]) else None
+        best = configs[index]
+        at.cache[key] = best  # once per key and process: the miss is logged once
+        self.stats.frozen.append((kernel_name(at), key))
+        source = f"the winner of the nearest tuned key {near_text}" if near_text else "the first config (no tuned key near it)"
+        fix = ("tune it: run a call with this shape with freeze off (TRITON_CTX_TUNE_FREEZE=0), or add the shape "
+               "to tune_ahead's sizes")
+        self.services.ensure_header()
+        line = (f"freeze-miss kernel={kernel_name(at)} key={key!r}: no tuned result; runs {source}: "
+                f"config#{index} {{{config_str(best)}}}. To {fix}")
+        self.services.log.write("freeze-miss", line, kernel=kernel_name(at), key=list(key), config_index=index,
+                                config=config_str(best), nearest=near_text, fix=fix)
+        self.services.log.summary(f"{self.services.function}: {line}")
+        return best
 
     def _new_state(self, at: Autotuner, key: tuple, configs: list, args: tuple, kwargs: dict[str, Any],
                    key_id: str | None) -> KeyState:

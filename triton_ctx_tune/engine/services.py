@@ -105,6 +105,9 @@ class CallRecord(Protocol):
     wall_s: float
     cache_hits: int
     tuned: list[Any]  # decisions.TunedKey, one per key decided in the call
+    frozen: list[tuple[str, tuple]]  # keys a frozen call ran untuned (executor._frozen)
+    stored: list[str]  # tuning-cache entries written
+    met: dict[tuple[str, tuple], dict[str, Any]]  # (kernel, key) of every key met -> its values by name
     point: dict[str, Any] | None
 
 

@@ -40,6 +40,11 @@ class CallStats:
     point: dict[str, Any] | None = None  # the function-level point the call ran with (autotune())
     # (kernel, key) met by a call that could not re-execute (exactly_once.py): ran untuned, tuned next call
     deferred: list[tuple[str, tuple]] = field(default_factory=list)
+    # (kernel, key) with no tuned result met by a frozen call (options.freeze): ran a borrowed config
+    frozen: list[tuple[str, tuple]] = field(default_factory=list)
+    stored: list[str] = field(default_factory=list)  # tuning-cache entries this call wrote (rank 0)
+    # every (kernel, key) this tuning call met, with the key's values by name (tune_ahead checks inputs with it)
+    met: dict[tuple[str, tuple], dict[str, Any]] = field(default_factory=dict)
 
 
 class Session:

@@ -534,3 +534,27 @@ class TuningCache:
 def _warn_ignored(path: Path, reason: str) -> None:
     warnings.warn(f"triton_ctx_tune: ignoring the tuning cache entry {path}: {reason}. The key is tuned again "
                   "and the entry rewritten.", CacheWarning, stacklevel=3)
+
+
+# ---- frozen calls (options.freeze) ------------------------------------------------------------
+
+
+def tuned_neighbours(directory: Path, ident: dict[str, Any]) -> dict[str, str]:
+    """Rank 0's tuned keys of `ident`'s kernel that differ from it in the key alone: key repr -> winner config.
+
+    What a frozen call may borrow from for a key it has no result for (the nearest one): an entry
+    tuned for other configs, another Triton or another device is no evidence for this one."""
+    prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", ident["kernel"])[:80] + "-"
+    same = canonical({k: v for k, v in ident.items() if k != "key"})
+    found: dict[str, str] = {}
+    for path in entry_paths(directory):
+        if not path.name.startswith(prefix):
+            continue
+        try:
+            entry = read_entry(path)
+        except (FileNotFoundError, CacheEntryError):
+            continue  # a damaged entry is reported when its own key is looked up
+        other = entry["identity"]
+        if canonical({k: v for k, v in other.items() if k != "key"}) == same:
+            found[other["key"]] = entry["winner"]["config"]
+    return found

@@ -5,6 +5,7 @@ import argparse
 import datetime
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -25,7 +26,7 @@ def _default_log_dir() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m triton_ctx_tune", description=_DESCRIPTION)
-    verbs = parser.add_subparsers(dest="verb", required=True, metavar="{report,cache}")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="{report,tune,cache}")
 
     rep = verbs.add_parser("report", help="what each (kernel, key) chose and why, from the per-rank logs",
                            description="Read the per-rank rank-*.jsonl logs and print, per kernel and key: the "
@@ -37,6 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also draw per-config latency bars per (kernel, key), the winner highlighted "
                      "(needs matplotlib); the extension picks the format (.png, .svg, .pdf, ...; none: .png)")
     rep.set_defaults(run=_report)
+
+    tune = verbs.add_parser("tune", help="run a tune-ahead script under the launcher, then print what it tuned",
+                            description="Run SCRIPT (which calls fn.tune_ahead(...)) on every rank under the "
+                            "repository's ./launch (torchrun with the launcher's device and NVLink settings; "
+                            "plain torchrun where the package is installed without it), with freeze off, "
+                            "then print the tune-ahead tables of the run's logs.")
+    tune.add_argument("--nproc", type=_positive, default=None, metavar="N",
+                      help="processes (GPUs) per node (default: the launcher's: every visible GPU, else 2)")
+    tune.add_argument("script", type=Path, metavar="SCRIPT")
+    tune.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS")
+    tune.set_defaults(run=_tune)
 
     cache = verbs.add_parser("cache", help="list, show, clear, export or import tuned results",
                              description="The persistent tuning cache: one JSON file per (kernel, key). Export "
@@ -84,6 +96,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `... | head` closed the pipe: not an error of ours
         return 0
     return 0
+
+
+# ---- tune -------------------------------------------------------------------------------------
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer, e.g. --nproc 2")
+    return int(text)
+
+
+def _tune(args: argparse.Namespace) -> None:
+    if not args.script.is_file():
+        raise CtxTuneError(f"{args.script}: no such script. Fix: pass the path of a Python script that calls "
+                           "fn.tune_ahead(...) on the tuned functions it serves.")
+    launcher = Path(__file__).resolve().parents[2] / "launch"
+    env = {**os.environ, "TRITON_CTX_TUNE_FREEZE": "0", "PYTHON": sys.executable}
+    if args.nproc is not None:
+        env["NPROC"] = str(args.nproc)
+    if launcher.is_file():
+        cmd = ["bash", str(launcher), str(args.script), *args.script_args]
+    else:  # installed without the repository: torchrun itself, with what launch forces
+        env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={args.nproc or 1}", str(args.script), *args.script_args]
+    code = subprocess.run(cmd, env=env).returncode
+    if code != 0:
+        raise CtxTuneError(f"the tune-ahead script {args.script} failed (exit code {code}); its ranks printed why "
+                           "above. Fix that, then run `python -m triton_ctx_tune tune` again.")
+    report = R.build(Path(_default_log_dir()))
+    sys.stdout.write("\n".join(R.format_serving(report)) or "the script tuned nothing ahead (no tune_ahead call)\n")
 
 
 # ---- report -----------------------------------------------------------------------------------

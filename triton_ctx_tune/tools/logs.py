@@ -66,6 +66,11 @@ EVENTS: dict[str, EventSpec] = dict([
           "reasons", "others"),
     _spec("cache-store", "a winner stored in the persistent (or function) cache", "path"),
     _spec("error", "no config of a key (or point of a function) is valid", "failures"),
+    _spec("freeze-miss", "a frozen call (freeze=True) met a key with no tuned result, and what ran instead",
+          "kernel", "key", "config_index", "config", "nearest", "fix"),
+    _spec("tune-ahead", "one size of a tune-ahead (serving.py): its tuning cost, warm call time and throughput",
+          "function", "size", "rank", "executions", "tuned", "cache_hits", "tune_s", "call_ms", "tflops", "gbps",
+          "peak_fraction", "spread", "wall_s"),
     _spec("online-call", "one call of an online session (online=True): its wall time, the slots each key took in "
           "it and the keys decided at its end", "function", "call", "wall_s", "keys", "decided"),
 ])

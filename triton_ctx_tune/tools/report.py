@@ -95,6 +95,17 @@ class OnlineReport:
 
 
 @dataclass
+class FreezeMiss:
+    """A key a frozen call (freeze=True) had no tuned result for, and what ran instead."""
+    kernel: str
+    key: str
+    config: str
+    nearest: str | None  # the tuned key whose winner ran; None: the first config ran
+    fix: str
+    count: int = 1  # processes (or calls in them) that met it
+
+
+@dataclass
 class Report:
     log_dir: Path
     ranks: list[int]
@@ -103,6 +114,8 @@ class Report:
     problems: list[str]
     functions: dict[str, PointReport] = field(default_factory=dict)
     online: dict[str, OnlineReport] = field(default_factory=dict)
+    frozen: dict[tuple[str, str], FreezeMiss] = field(default_factory=dict)
+    ahead: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)  # function -> size -> tune-ahead row
 
 
 def _finite(x: Any) -> float | None:
@@ -195,6 +208,17 @@ class _Story:
     functions: dict[str, PointReport] = field(default_factory=dict)
     online: dict[str, OnlineReport] = field(default_factory=dict)
     function: str | None = None  # the function of the last "call" event: the keys after it are its
+    frozen: dict[tuple[str, str], FreezeMiss] = field(default_factory=dict)
+    ahead: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+
+    def freeze_miss(self, e: dict[str, Any]) -> None:
+        ident = (e["kernel"], repr(tuple(e["key"])))
+        seen = self.frozen.get(ident)
+        self.frozen[ident] = FreezeMiss(ident[0], ident[1], e["config"], e["nearest"], e["fix"],
+                                        1 + (seen.count if seen else 0))
+
+    def tune_ahead(self, e: dict[str, Any]) -> None:
+        self.ahead.setdefault(e["function"], {})[int(e["size"])] = e  # a later tune-ahead of a size replaces it
 
     def call(self, e: dict[str, Any]) -> None:
         self.function = e.get("function")
@@ -251,6 +275,8 @@ _READERS: dict[str, Callable[[_Story, dict[str, Any]], None]] = {
     "cache-hit": _Story.key_event,
     "error": _Story.key_event,
     "online-call": _Story.online_call,
+    "freeze-miss": _Story.freeze_miss,
+    "tune-ahead": _Story.tune_ahead,
 }
 IGNORED: dict[str, str] = {
     "precompile": "compile times; a config that failed to compile fails in its key's decision, with the reason",
@@ -309,7 +335,7 @@ def build(log_dir: Path) -> Report:
             failed = [rank for rank, row in enumerate(r.per_rank) if j < len(row) and row[j] is None]
             if failed and j not in r.failures:
                 r.failures[j] = {f"ranks {failed}": "no time (its rank's log has no reason)"}
-    return Report(log_dir, ranks, calls, keys, problems, functions, story.online)
+    return Report(log_dir, ranks, calls, keys, problems, functions, story.online, story.frozen, story.ahead)
 
 
 # ---- text -------------------------------------------------------------------------------------
@@ -419,6 +445,32 @@ def format_online(o: OnlineReport) -> list[str]:
     return lines
 
 
+def format_serving(report: Report) -> list[str]:
+    """Tune-ahead tables (per size: tuning cost, warm call, throughput) and the keys frozen calls missed."""
+    out: list[str] = []
+    for function, rows in report.ahead.items():
+        out.append(f"{function}: tuned ahead, {len(rows)} sizes")
+        out.append(f"  {'size':>8} {'executions':>10} {'tuned':>5} {'hits':>4} {'tune s':>8} {'call ms':>10} "
+                   f"{'TFLOP/s':>8} {'GB/s':>8} {'peak':>5}")
+        for size, r in sorted(rows.items()):
+            out.append(f"  {size:>8} {r['executions']:>10} {r['tuned']:>5} {r['cache_hits']:>4} {r['tune_s']:>8.2f} "
+                       f"{_num(r['call_ms'], '10.4f')} {_num(r['tflops'], '8.2f')} {_num(r['gbps'], '8.1f')} "
+                       f"{_num(r['peak_fraction'], '5.0%')}")
+        out.append("")
+    if report.frozen:
+        out.append(f"freeze: {len(report.frozen)} key(s) had no tuned result and ran a borrowed config")
+        for m in report.frozen.values():
+            ran = f"the winner of {m.nearest}" if m.nearest else "the first config"
+            out.append(f"  {m.kernel} key={m.key}: ran {ran}, {{{m.config}}}, met {m.count}x. To {m.fix}")
+        out.append("")
+    return out
+
+
+def _num(x: Any, spec: str) -> str:
+    width = int(spec.split(".")[0])
+    return f"{'-':>{width}}" if x is None else format(x, spec).rjust(width)
+
+
 def format_report(report: Report) -> str:
     out = [f"triton_ctx_tune report: {report.log_dir} (ranks {', '.join(map(str, report.ranks))})", ""]
     if report.calls:
@@ -433,7 +485,8 @@ def format_report(report: Report) -> str:
     for o in report.online.values():
         out.extend(format_online(o))
         out.append("")
-    if not report.keys and not report.functions:
+    out.extend(format_serving(report))
+    if not report.keys and not report.functions and not report.ahead and not report.frozen:
         out.append("No key was tuned or read from the cache in these logs.")
     for r in report.keys.values():
         out.extend(format_key(r))
