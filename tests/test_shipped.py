@@ -25,6 +25,7 @@ from triton_ctx_tune import autotune, contextual_autotune
 from triton_ctx_tune.errors import CacheWarning
 from triton_ctx_tune.store import cache as C
 from triton_ctx_tune.tools import cli
+from triton_ctx_tune.tools.report import build, format_report
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = dict(n_warmup=1, n_repeat=2, early_stop=False)  # 3 slots per config
@@ -88,8 +89,8 @@ def run_op(kernel: Any, **opts: Any) -> Any:
 
 def test_shipped_file_is_named_per_device_and_function_and_resolves_a_fresh_job(tmp_path, capsys):
     cache, path, name = tune_and_ship(tmp_path)
-    assert path.name == ("cpu-interpreter-make_op._locals_.op.json" if not torch.cuda.is_available()
-                         else path.name)
+    if C.device_identity()[0] == "cpu-interpreter":
+        assert path.name == "cpu-interpreter-make_op._locals_.op.json"
     data = json.loads(path.read_text())
     (cached,) = C.entry_paths(cache)
     assert data["format"] == C.EXPORT_FORMAT and data["functions"] == []
@@ -110,7 +111,6 @@ def test_shipped_file_is_named_per_device_and_function_and_resolves_a_fresh_job(
     (hit,) = events(tmp_path, "cache-hit")
     assert hit["source"] == str(path) and hit["winner"] == 1 and hit["entry"] == entry
     assert f"from {path}" in (tmp_path / "logs" / "rank-0.log").read_text()
-    from triton_ctx_tune.tools.report import build, format_report
     assert f"[from the shipped config file {path}" in format_report(build(tmp_path / "logs"))
 
 
@@ -238,6 +238,17 @@ def test_function_level_space_ships_and_resolves(tmp_path, monkeypatch):
     # Import writes it into a cache's functions/ folder, where a plain lookup finds it.
     assert cli.main(["cache", "import", "--cache-dir", str(tmp_path / "imp"), str(path)]) == 0
     assert len(list((tmp_path / "imp" / "functions").iterdir())) == 1
+    # The same library's file for another world size: skipped with the reason, and the function tuned.
+    fe["identity"]["world"] = 8
+    path.write_text(json.dumps(data))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    calls = []
+    op = spaced(calls)
+    op(torch.ones(64, device=DEVICE))
+    assert len(calls) > 2 and op.last_call.cache_hits == 0 and op.last_call.point == {"chunks": 2}
+    stale = events(tmp_path, "cache-stale")[-1]
+    assert stale["source"] == "shipped" and stale["path"] == str(path) and stale["reasons"] == ["world size 8 -> 1"]
+    assert stale["function"] == fe["identity"]["function"]
 
 
 # ---- two ranks --------------------------------------------------------------------------------------
