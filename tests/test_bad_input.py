@@ -24,7 +24,7 @@ from triton_ctx_tune.options import ENVIRONMENT, TuneOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = ["is_dist", "n_repeat", "n_warmup", "group", "reduce", "stat", "flush_l2", "log_dir", "quiet", "timeout_s",
-           "max_executions", "cache", "cache_dir", "early_stop", "precompile", "compile_threads",
+           "max_executions", "cache", "cache_dir", "config_path", "early_stop", "precompile", "compile_threads",
            "compile_workers", "compile_timeout_s",
            "cuda_graph", "quarantine",
            "slot_timeout_s", "objective", "e2e_runs", "validate", "reference", "compare", "atol", "rtol",
@@ -379,6 +379,8 @@ MISUSES: list[Misuse] = [
     Misuse("early_stop=0.5", _decorate(early_stop=0.5), InvalidOptionError, ("early_stop=0.5", "a factor > 1")),
     Misuse("cache='yes'", _decorate(cache="yes"), InvalidOptionError, ("cache='yes'", "True, False or None")),
     Misuse("cache_dir=42", _decorate(cache_dir=42), InvalidOptionError, ("cache_dir=42", "a directory path")),
+    Misuse("config_path=3", _decorate(config_path=3), InvalidOptionError,
+           ("config_path=3", "a directory path or a list of them", "`cache export --ship`")),
     Misuse("precompile=1", _decorate(precompile=1), InvalidOptionError, ("precompile=1", "True, False or None")),
     Misuse("compile_threads=0", _decorate(compile_threads=0), InvalidOptionError, ("compile_threads=0", "an int >= 1")),
     Misuse("compile_workers=-1", _decorate(compile_workers=-1), InvalidOptionError,
@@ -526,6 +528,8 @@ MISUSES: list[Misuse] = [
              ("does not exist", "Fix:")),
     _cli_row("cache export: no such --cache-dir", ("cache", "export", "--cache-dir", "{tmp}/typo", "{tmp}/out.json"),
              CacheError, ("does not exist", "Fix:")),
+    _cli_row("cache export --ship onto a file", ("cache", "export", "--cache-dir", "{tmp}", "--ship", "{tmp}/f"),
+             CacheError, ("--ship", "it is a file", "Fix: pass a directory"), setup=_write("f", "x")),
     _cli_row("cache show: no entry matches", ("cache", "show", "--cache-dir", "{tmp}", "no_such_kernel"), CacheError,
              ("no entry in", "matches no_such_kernel", "Fix: run `python -m triton_ctx_tune cache list`")),
     # cache files

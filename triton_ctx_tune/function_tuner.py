@@ -163,7 +163,7 @@ class FunctionAutotuner(ContextualAutotuner[R]):
                                                             early_stop=opts.resolved_early_stop()))
             lookup = function_cache.lookup(opts.resolved_cache_dir(), function_cache.function_identity(
                 self.fn, self.name, key, points, session.comm.world, opts.objective, opts.reduce, opts.stat),
-                session.comm, opts.resolved_retune())
+                session.comm, opts.resolved_retune(), opts.resolved_shipped())
             if lookup.hit:
                 assert lookup.entry is not None and session.search.points is not None
                 winner = int(lookup.entry["winner"]["index"])
@@ -172,10 +172,14 @@ class FunctionAutotuner(ContextualAutotuner[R]):
                 session.stats.cache_hits += 1
                 session.ensure_header()
                 session.log.write("cache-hit", f"cache-hit function={self.name} key={key!r} winner=point#{winner} "
-                                  f"{points[winner]} from {lookup.path}", function=self.name, key=repr(key),
-                                  winner=winner, path=str(lookup.path), entry=lookup.entry)
+                                  f"{points[winner]} from {lookup.where}", function=self.name, key=repr(key),
+                                  winner=winner, path=str(lookup.path), entry=lookup.entry, source=lookup.source)
                 session.log.summary(f"{self.name}: point {points[winner]} (from the tuning cache, tuned "
                                     f"{lookup.entry['tuned']['date']})")
+            elif lookup.stale is not None:  # rank 0: a shipped entry of this key that does not apply, and why
+                session.ensure_header()
+                line, fields = lookup.stale.describe(self.name, repr(key))
+                session.log.write("cache-stale", line, **fields)
             session.on_point_decided = functools.partial(self._store, lookup)
             call.session = session
         result = self._drive(call, args, kwargs, point)

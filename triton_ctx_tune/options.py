@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from .store.cache import resolve_dir
 from .runtime.buckets import Buckets, Rule
+from .store.shipped import ENV as CONFIG_PATH_ENV, ShippedConfigs, is_path_value
 # compile_workers owns its variable's parsing; options only reads it (imports run this way only).
 from .compile.compile_workers import env_compile_workers, started_workers
 from .errors import InvalidOptionError, UnknownOptionError
@@ -116,6 +117,7 @@ ENVIRONMENT: dict[str, Callable[[], object]] = {
     "TRITON_CTX_TUNE_FREEZE": lambda: _env_flag("TRITON_CTX_TUNE_FREEZE"),
     "TRITON_CTX_TUNE_LOG_DIR": lambda: None,
     "TRITON_CTX_TUNE_CACHE_DIR": lambda: None,
+    CONFIG_PATH_ENV: lambda: None,  # a missing directory on it is a warning when it is searched, not an error
 }
 
 
@@ -141,6 +143,10 @@ class TuneOptions:
     max_executions: int = 10_000
     cache: bool | None = None  # None: TRITON_CTX_TUNE_CACHE, on unless it is 0
     cache_dir: str | os.PathLike[str] | None = None  # None: TRITON_CTX_TUNE_CACHE_DIR or ~/.cache/triton_ctx_tune
+    # Directories of tuned-config files shipped with a library (`cache export --ship`), searched on a
+    # cache miss before tuning: user cache > shipped file > tune. A directory, or a list of them, in
+    # order. None: TRITON_CTX_TUNE_CONFIG_PATH (os.pathsep-separated), else none. Off with the cache.
+    config_path: str | os.PathLike[str] | list[str | os.PathLike[str]] | tuple[str | os.PathLike[str], ...] | None = None
     early_stop: float | bool | None = None  # None: TRITON_CTX_TUNE_EARLY_STOP or 1.5; False: off
     precompile: bool | None = None  # None: TRITON_CTX_TUNE_PRECOMPILE, on unless it is 0
     compile_threads: int | None = None  # None: cores / local ranks, at most 32
@@ -289,6 +295,11 @@ class TuneOptions:
                                      "a number of seconds greater than 0 (math.inf: no limit), or None for the default")
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise InvalidOptionError("cache_dir", self.cache_dir, "a directory path, or None for the default")
+        if not is_path_value(self.config_path):
+            raise InvalidOptionError("config_path", self.config_path, "a directory path or a list of them (where "
+                                     "`cache export --ship` wrote the files), or None for TRITON_CTX_TUNE_CONFIG_PATH")
+        if isinstance(self.config_path, list):  # frozen: a list would stay shared with the caller's
+            object.__setattr__(self, "config_path", tuple(self.config_path))
         if not isinstance(self.exactly_once, bool):
             raise InvalidOptionError("exactly_once", self.exactly_once, "True or False")
         if self.snapshot_limit_mb is not None and (isinstance(self.snapshot_limit_mb, bool) or not isinstance(
@@ -353,6 +364,12 @@ class TuneOptions:
         """Where tuned results persist, or None when the cache is off."""
         enabled = _env_flag("TRITON_CTX_TUNE_CACHE", default=True) if self.cache is None else self.cache
         return resolve_dir(self.cache_dir) if enabled else None
+
+    def resolved_shipped(self) -> ShippedConfigs | None:
+        """The shipped config files to search on a cache miss, or None (no path, or the cache is off)."""
+        if self.resolved_cache_dir() is None:
+            return None
+        return ShippedConfigs.of(self.config_path)
 
     def resolved_early_stop(self) -> float | None:
         """The screening factor, or None when every config gets every slot."""

@@ -193,10 +193,10 @@ class Executor:
         ms = entry["timings"][lookup.winner]["ms"] if entry else None
         date = entry["tuned"]["date"] if entry else "earlier"
         self.services.log.write("cache-hit", f"cache-hit kernel={kernel_name(at)} key={key!r} winner=config#{lookup.winner} "
-                       f"{{{config_str(best)}}} {fmt_ms(ms)} from {lookup.path}",
+                       f"{{{config_str(best)}}} {fmt_ms(ms)} from {lookup.where}",
                        kernel=kernel_name(at), key=list(key), winner=lookup.winner, winner_config=config_str(best),
                        configs=[config_str(c) for c in configs], path=str(lookup.path), id=lookup.id,
-                       entry=entry)
+                       entry=entry, source=lookup.source)
         self.services.progress.clear()
         self.services.log.summary(f"{self.services.function}: {kernel_name(at)} key={key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
                          f"(from the tuning cache, tuned {date})")

@@ -52,7 +52,8 @@ class CallServices:
     def cache(self) -> TuningCache | None:
         cache_dir = self.opts.resolved_cache_dir()
         return None if cache_dir is None else TuningCache(cache_dir, self.opts.resolved_retune(), self.comm,
-                                                          self.opts.reduce, self.opts.stat)
+                                                          self.opts.reduce, self.opts.stat,
+                                                          self.opts.resolved_shipped())
 
     @functools.cached_property
     def quarantine(self) -> Quarantine | None:

@@ -19,6 +19,10 @@ system, and ranks cannot disagree about a file they never read. One all_gather p
 key hands rank 0's hit and winner to every rank and checks that they all asked for the same
 entry. Writes go to a temporary file in the same directory, then os.replace: readers and
 concurrent writers of the same entry only ever see a whole file.
+
+On a miss, rank 0 also asks the shipped config files (shipped.py, `config_path=`) for the exact
+identity: user cache > shipped file > tune. A shipped hit is checked like a cache entry and never
+written into the cache.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import torch
 
@@ -417,14 +421,44 @@ class Stale:
     reasons: list[str]
     others: int  # further entries of this kernel and key that do not apply either
     winner_config: str | None = None  # its winner: the incumbent among near-ties (decisions.py)
+    source: str = "cache"  # "cache", or "shipped" (path is then the shipped file that holds it)
 
     def describe(self, kernel: str, key: tuple) -> tuple[str, dict[str, Any]]:
         """The log line and the event's fields."""
-        more = f" (and {self.others} older entr{'y' if self.others == 1 else 'ies'})" if self.others else ""
-        line = (f"cache-stale kernel={kernel} key={key!r}: the cached entry {self.path}{more} does not apply: "
+        older = "older " if self.source == "cache" else "other shipped "
+        more = f" (and {self.others} {older}entr{'y' if self.others == 1 else 'ies'})" if self.others else ""
+        what = f"the cached entry {self.path}" if self.source == "cache" else f"the shipped entry in {self.path}"
+        line = (f"cache-stale kernel={kernel} key={key!r}: {what}{more} does not apply: "
                 + "; ".join(self.reasons) + ". Tuning again.")
         return line, {"kernel": kernel, "key": list(key), "path": str(self.path), "reasons": self.reasons,
-                      "others": self.others}
+                      "others": self.others, "source": self.source}
+
+
+def closest_stale(candidates: Sequence[tuple[Path, dict[str, Any]]], ident: dict[str, Any],
+                  source: str) -> Stale | None:
+    """Of entries with the same kernel and key (newest first), the one that differs least from `ident`, and how."""
+    found: list[tuple[int, Path, list[str], str | None]] = []
+    for order, (where, old) in enumerate(candidates):
+        old_ident = old.get("identity") if isinstance(old, dict) else None
+        if not isinstance(old_ident, dict):
+            continue
+        if source == "shipped" and canonical(old_ident) == canonical(ident):
+            continue  # the entry looked up itself, refused for its winner (warned there)
+        won = old.get("winner")
+        won_config = won.get("config") if isinstance(won, dict) and isinstance(won.get("config"), str) else None
+        found.append((order, where, identity_changes(old_ident, ident), won_config))
+    if not found:
+        return None
+    _, closest, reasons, won_config = min(found, key=lambda f: (len(f[2]), f[0]))  # fewest changes, then first
+    return Stale(closest, reasons, len(found) - 1, won_config, source)
+
+
+class ShippedSource(Protocol):
+    """What TuningCache asks of shipped.ShippedConfigs (passed in, so that this module need not import it)."""
+
+    def kernel(self, eid: str) -> Any: ...  # a shipped.Shipped (.path, .entry), or None
+
+    def kernel_others(self, kernel: str, key: str) -> list[Any]: ...
 
 
 @dataclass
@@ -436,17 +470,29 @@ class Lookup:
     winner: int  # -1 on a miss
     entry: dict[str, Any] | None  # the entry as read, on the rank that read it
     stale: Stale | None = None  # on a miss, on the rank that read: the closest entry that no longer applies
+    # Where a hit came from: "cache" (the entry at `path`), else the shipped file's path on rank 0 and
+    # "shipped" on the other ranks (they never read it).
+    source: str = "cache"
+
+    @property
+    def where(self) -> str:
+        """The file a hit was read from, for messages."""
+        if self.source == "cache":
+            return str(self.path)
+        return self.source if self.source != "shipped" else "a shipped config file (rank 0 read it)"
 
 
 class TuningCache:
     """Lookups and stores for one tuning call."""
 
-    def __init__(self, directory: Path, retune: bool, comm: Collectives, reduce: str, stat: str) -> None:
+    def __init__(self, directory: Path, retune: bool, comm: Collectives, reduce: str, stat: str,
+                 shipped: ShippedSource | None = None) -> None:
         self.directory = directory
         self.retune = retune
         self.comm = comm
         self.reduce = reduce
         self.stat = stat
+        self.shipped = shipped
 
     @property
     def reads_and_writes(self) -> bool:
@@ -457,19 +503,50 @@ class TuningCache:
         ident = identity(at, key, configs, self.comm.world, self.reduce, self.stat)
         eid = entry_id(ident)
         path = self.directory / entry_filename(ident["kernel"], eid)
-        entry = self._load(path, ident, configs) if self.reads_and_writes and not self.retune else None
+        reads = self.reads_and_writes and not self.retune
+        entry = self._load(path, ident, configs) if reads else None
+        source = "cache"
+        if entry is None and reads and self.shipped is not None:
+            shipped = self._load_shipped(eid, configs)
+            if shipped is not None:
+                source, entry = str(shipped.path), shipped.entry
         hit, winner = entry is not None, entry["winner"]["index"] if entry is not None else -1
-        stale = self._stale(path, ident) if self.reads_and_writes and not self.retune and not hit else None
+        stale = None
+        if reads and not hit:
+            stale = self._stale(path, ident)
+            if stale is None and self.shipped is not None:  # the user's own stale entry says more
+                stale = closest_stale([(s.path, s.entry) for s in self.shipped.kernel_others(ident["kernel"],
+                                                                                             ident["key"])],
+                                      ident, "shipped")
         if self.comm.active:
+            code = 0 if not hit else 1 if source == "cache" else 2  # the other ranks learn where a hit came from
             answers, differing = self.comm.agree(agreement_identity(ident), "look up the tuning cache",
-                                                 lambda: _describe_lookup(ident).encode(), payload=(int(hit), winner))
+                                                 lambda: _describe_lookup(ident).encode(), payload=(code, winner))
             if differing is not None:
                 groups: dict[bytes, list[int]] = {}
                 for rank, text in enumerate(differing):
                     groups.setdefault(text, []).append(rank)
                 raise RankMismatchError("\n".join(f"  ranks {ranks}: {text.decode()}" for text, ranks in groups.items()))
             hit, winner = bool(answers[0, 0]), int(answers[0, 1])  # rank 0's answer
-        return Lookup(ident, eid, path, hit, winner, entry, stale)
+            if not self.reads_and_writes:
+                source = "shipped" if int(answers[0, 0]) == 2 else "cache"
+        return Lookup(ident, eid, path, hit, winner, entry, stale, source)
+
+    def _load_shipped(self, eid: str, configs: Sequence[Config]) -> Any:
+        """The shipped entry of exactly this identity, if its winner is one of the live configs."""
+        assert self.shipped is not None
+        found = self.shipped.kernel(eid)
+        if found is None:
+            return None
+        winner = found.entry["winner"]
+        if winner["config"] != config_str(configs[winner["index"]]):
+            warnings.warn(f"triton_ctx_tune: ignoring the shipped entry {eid[:12]} in {found.path}: its winner "
+                          f"{{{winner['config']}}} is not config #{winner['index']} of the current configs "
+                          f"{{{config_str(configs[winner['index']])}}}. The key is tuned. Fix: export the file again "
+                          "with `cache export --ship` from a cache tuned with these configs.", CacheWarning,
+                          stacklevel=3)
+            return None
+        return found
 
     def _load(self, path: Path, ident: dict[str, Any], configs: Sequence[Config]) -> dict[str, Any] | None:
         try:
@@ -498,8 +575,8 @@ class TuningCache:
             named.sort(key=lambda p: p.stat().st_mtime, reverse=True)
         except OSError:
             return None
-        found: list[tuple[int, Path, list[str], str | None]] = []
-        for order, candidate in enumerate(named[:_MAX_STALE_READS]):
+        candidates: list[tuple[Path, dict[str, Any]]] = []
+        for candidate in named[:_MAX_STALE_READS]:
             try:
                 old = json.loads(candidate.read_bytes()[:_MAX_ENTRY_BYTES])
             except (OSError, ValueError, RecursionError):
@@ -507,13 +584,8 @@ class TuningCache:
             old_ident = old.get("identity") if isinstance(old, dict) else None
             if (isinstance(old_ident, dict) and old_ident.get("kernel") == ident["kernel"]
                     and old_ident.get("key") == ident["key"]):
-                won = old.get("winner")
-                won_config = won.get("config") if isinstance(won, dict) and isinstance(won.get("config"), str) else None
-                found.append((order, candidate, identity_changes(old_ident, ident), won_config))
-        if not found:
-            return None
-        _, closest, reasons, won_config = min(found, key=lambda f: (len(f[2]), f[0]))  # fewest changes, then newest
-        return Stale(closest, reasons, len(found) - 1, won_config)
+                candidates.append((candidate, old))
+        return closest_stale(candidates, ident, "cache")
 
     def store(self, lookup: Lookup, configs: Sequence[Config], winner: int, reduced: Sequence[Sequence[float]],
               per_rank: Sequence[Sequence[float]], failures: dict[int, str], tuned: dict[str, Any]) -> Path | None:

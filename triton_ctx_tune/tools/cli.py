@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..store import cache as C
+from ..store import function_cache as FC
+from ..store.shipped import safe_name, ship_filename
 from . import report as R
 from ..errors import CacheError, CtxTuneError
 from .logs import DEFAULT_LOG_DIR
@@ -73,10 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
                            "in the directory are left alone.")
     p.add_argument("select", nargs="*", metavar="SELECTOR", help=_SELECTORS)
     p.set_defaults(run=_cache_clear)
-    p = actions.add_parser("export", parents=[common], help="write entries into one JSON file",
-                           description="Write the selected valid entries into one JSON file for `cache import`.")
-    p.add_argument("file", type=Path, metavar="FILE")
+    p = actions.add_parser("export", parents=[common], help="write entries into one JSON file, or ship them",
+                           description="Write the selected valid entries into one JSON file for `cache import`. "
+                           "With --ship DIR: one file per (device, tuned function), DIR/{device}-{function}.json, "
+                           "function-level entries (autotune(config_space=...)) included, for a library to ship "
+                           "and its users to find through config_path= or TRITON_CTX_TUNE_CONFIG_PATH.")
+    p.add_argument("file", type=Path, metavar="FILE", nargs="?",
+                   help="the export file (not with --ship, where a first word is a selector)")
     p.add_argument("select", nargs="*", metavar="SELECTOR", help=_SELECTORS)
+    p.add_argument("--ship", type=Path, metavar="DIR", default=None,
+                   help="write DIR/{device}-{function}.json, one file per device and tuned function (DIR is created; "
+                   "files of the same name are replaced)")
+    p.add_argument("--function", metavar="NAME", default=None,
+                   help="with --ship: only the entries tuned by this function (its qualname, or the name in the file)")
     p.set_defaults(run=_cache_export)
     p = actions.add_parser("import", parents=[common], help="load entries from an exported file",
                            description="Validate every entry of FILE (an export, or a single entry file) and "
@@ -263,6 +274,16 @@ def _cache_clear(args: argparse.Namespace) -> None:
 
 
 def _cache_export(args: argparse.Namespace) -> None:
+    if args.ship is not None:
+        _cache_ship(args)
+        return
+    if args.file is None:
+        raise CacheError("cache export needs a FILE to write, or --ship DIR. Fix: `python -m triton_ctx_tune cache "
+                         "export FILE` (one file for `cache import`) or `... cache export --ship DIR` (per device and "
+                         "function).")
+    if args.function is not None:
+        raise CacheError("--function selects what --ship writes. Fix: add --ship DIR, or select entries by kernel "
+                         "name or id after FILE.")
     directory = _dir(args)
     entries = []
     for path, e in _selected(directory, args.select):
@@ -274,6 +295,74 @@ def _cache_export(args: argparse.Namespace) -> None:
     C.write_json_atomically(args.file, {"format": C.EXPORT_FORMAT, "exported": now, "source": str(directory),
                                         "entries": entries})
     print(f"exported {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} from {directory} to {args.file}")
+
+
+def _function_entries(directory: Path) -> list[tuple[Path, dict[str, Any] | str]]:
+    """Every function-level entry file under <cache dir>/functions/, with its entry or why it is unusable."""
+    folder = directory / FC.SUBDIR
+    if not folder.is_dir():
+        return []
+    rows: list[tuple[Path, dict[str, Any] | str]] = []
+    for path in sorted(p for p in folder.iterdir() if C.is_entry_name(p.name)):
+        try:
+            entry = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+            rows.append((path, f"not readable JSON ({e})"))
+            continue
+        problem = FC.entry_problem(entry)
+        rows.append((path, entry if problem is None else problem))
+    return rows
+
+
+def _cache_ship(args: argparse.Namespace) -> None:
+    """One export file per (device, tuned function): DIR/{device}-{function}.json."""
+    out: Path = args.ship
+    if out.exists() and not out.is_dir():
+        raise CacheError(f"--ship {out}: it is a file, and --ship writes one file per device and function into a "
+                         "directory. Fix: pass a directory (it is created if missing), or drop --ship to write "
+                         "one export FILE.")
+    directory = _dir(args)
+    select = ([str(args.file)] if args.file is not None else []) + list(args.select)
+    wanted = args.function
+
+    def chosen(function: str | None) -> bool:
+        return wanted is None or function is not None and wanted in (function, safe_name(function))
+
+    files: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    unknown = 0
+    for path, e in _selected(directory, select):
+        if not isinstance(e, dict):
+            print(f"skipped invalid entry {path}: {e.reason}", file=sys.stderr)
+            continue
+        function = e["tuned"].get("function") if isinstance(e["tuned"].get("function"), str) else None
+        if not chosen(function):
+            continue
+        unknown += function is None
+        name = ship_filename(e["identity"]["device"], function)
+        files.setdefault(name, {"entries": [], "functions": []})["entries"].append(e)
+    if not select:  # selectors name kernels and kernel entries; function-level entries go when none is given
+        for path, fe in _function_entries(directory):
+            if isinstance(fe, str):
+                print(f"skipped invalid function-level entry {path}: {fe}", file=sys.stderr)
+                continue
+            function = fe["identity"]["function"]
+            if chosen(function):
+                name = ship_filename(fe["identity"]["device"], function)
+                files.setdefault(name, {"entries": [], "functions": []})["functions"].append(fe)
+    if not files:
+        raise CacheError(f"nothing to ship from {directory}" + (f" for --function {wanted}" if wanted else "")
+                         + ". Fix: tune first, or run `python -m triton_ctx_tune cache list` to see what is there "
+                         "(the `function` of `cache show` is what --function matches).")
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    for name, parts in sorted(files.items()):
+        C.write_json_atomically(out / name, {"format": C.EXPORT_FORMAT, "exported": now, "source": str(directory),
+                                             "entries": parts["entries"], "functions": parts["functions"]})
+        n, f = len(parts["entries"]), len(parts["functions"])
+        print(f"shipped {n} kernel entr{'y' if n == 1 else 'ies'}" + (f" and {f} function-level" if f else "")
+              + f" to {out / name}")
+    if unknown:
+        print(f"{unknown} entr{'y' if unknown == 1 else 'ies'} record no tuned function (written by an older "
+              "version): shipped in {device}-unknown.json, where they hit just the same", file=sys.stderr)
 
 
 def load_import_file(path: Path) -> list[dict[str, Any]]:
@@ -312,13 +401,33 @@ def load_import_file(path: Path) -> list[dict[str, Any]]:
     return entries
 
 
+def load_import_functions(path: Path) -> list[dict[str, Any]]:
+    """The function-level entries of an export file (`cache export --ship` writes them), each validated."""
+    data = json.loads(path.read_text(encoding="utf-8"))  # load_import_file read it already
+    functions = data.get("functions", []) if isinstance(data, dict) and data.get("format") == C.EXPORT_FORMAT else []
+    if not isinstance(functions, list):
+        raise CacheError(f"{path}: 'functions' must be a list. Fix: export the file again.")
+    bad = [f"  functions #{i}: {problem}" for i, fe in enumerate(functions)
+           if (problem := FC.entry_problem(fe)) is not None]
+    if bad:
+        raise CacheError(f"{path}: {len(bad)} of {len(functions)} function-level entries are invalid, so nothing "
+                         "was imported:\n" + "\n".join(bad) + "\nFix: export the file again from a good cache.")
+    return functions
+
+
 def _cache_import(args: argparse.Namespace) -> None:
     directory = _dir(args, must_exist=False)  # importing into a new directory creates it
     entries = load_import_file(args.file)
+    functions = load_import_functions(args.file)  # both validated before anything is written
     replaced = 0
     for entry in entries:
         target = directory / C.entry_filename(entry["identity"]["kernel"], entry["id"])
         replaced += target.exists()
         C.write_entry(directory, entry)
-    print(f"imported {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} into {directory}"
+    for fe in functions:
+        target = FC.entry_path(directory, fe)
+        replaced += target.exists()
+        C.write_json_atomically(target, fe)
+    more = f" and {len(functions)} function-level" if functions else ""
+    print(f"imported {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}{more} into {directory}"
           + (f" ({replaced} replaced existing ones)" if replaced else ""))

@@ -61,9 +61,12 @@ EVENTS: dict[str, EventSpec] = dict([
     _spec("point-failed", "a function-level point failed on some rank, skipped on every rank", "point", "kwargs",
           "failures"),
     _spec("validation", "a config's or a point's output checked against the reference", "ok", "reason", "mine"),
-    _spec("cache-hit", "a winner read from the persistent (or function) cache", "key", "winner", "path", "entry"),
-    _spec("cache-stale", "a cached entry of the key that no longer applies, and why", "kernel", "key", "path",
-          "reasons", "others"),
+    # source: "cache" (the entry at path), else the shipped config file it came from (rank 0; "shipped" elsewhere).
+    _spec("cache-hit", "a winner read from the persistent (or function) cache, or from a shipped config file",
+          "key", "winner", "path", "entry", "source"),
+    # source: "cache", or "shipped" (path is then the shipped file); a kernel's names its kernel, a function's its function.
+    _spec("cache-stale", "a cached or shipped entry of the key that no longer applies, and why", "key", "path",
+          "reasons", "others", "source"),
     _spec("cache-store", "a winner stored in the persistent (or function) cache", "path"),
     _spec("error", "no config of a key (or point of a function) is valid", "failures"),
     _spec("freeze-miss", "a frozen call (freeze=True) met a key with no tuned result, and what ran instead",

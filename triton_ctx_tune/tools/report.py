@@ -3,9 +3,9 @@
 The event kinds are declared in logs.EVENTS; the report reads "call" (a tuning call starts),
 "decision" (a key is decided; its per_rank matrix is the same on every rank, its local_failures
 are the writer's own), "point-decision" (a function-level winner), "cache-hit" (a winner read
-from the persistent cache; rank 0's event carries the whole entry), "error" (no valid config)
-and "end" (_READERS), and says in IGNORED why it reads no other kind. Logs are appended to
-across runs, so the latest event of a key wins.
+from the persistent cache or a shipped config file, its source says which; rank 0's event carries
+the whole entry), "error" (no valid config) and "end" (_READERS), and says in IGNORED why it reads
+no other kind. Logs are appended to across runs, so the latest event of a key wins.
 """
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ class KeyReport:
     ties: list[int] = field(default_factory=list)
     fastest: int | None = None
     tie_break: str | None = None
+    shipped: str | None = None  # a cache hit read from a shipped config file: the file (or "shipped")
 
 
 @dataclass
@@ -166,6 +167,8 @@ def _from_decision(e: dict[str, Any], function: str | None) -> KeyReport:
 
 def _from_cache_hit(e: dict[str, Any], function: str | None) -> KeyReport:
     r = KeyReport(e["kernel"], repr(tuple(e["key"])), function, "cache", list(e["configs"]), int(e["winner"]))
+    if e.get("source") not in (None, "cache"):  # logs of older versions have no source: the cache
+        r.shipped = str(e["source"])
     if isinstance(e.get("entry"), dict):  # rank 0's event: the whole entry, timings included
         add_entry(r, e["entry"])
     return r
@@ -288,7 +291,7 @@ IGNORED: dict[str, str] = {
     "screen": "a screening pass's survivors; the decision that follows names the configs screened out",
     "point-failed": "a point's failure; the point-decision carries every point's failure",
     "validation": "each config's check; an invalid config fails in its key's decision with the reason",
-    "cache-stale": "why a cached entry was not used; the key is then tuned again and its decision read",
+    "cache-stale": "why a cached or shipped entry was not used; the key is then tuned again and its decision read",
     "cache-store": "where a winner was stored; the decision before it is the report's",
 }
 
@@ -363,7 +366,9 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
     assert r.winner is not None
     how = f"{r.stat}, {r.reduce} over {r.world} ranks" if r.world > 1 else f"{r.stat}, 1 rank"
     best = r.ms[r.winner] if r.winner < len(r.ms) else None
-    origin = f"  [from the tuning cache, tuned {r.date or 'earlier'}]" if r.source == "cache" and from_log else ""
+    cache = "the tuning cache" if r.shipped is None else (
+        "a shipped config file" if r.shipped == "shipped" else f"the shipped config file {r.shipped}")
+    origin = f"  [from {cache}, tuned {r.date or 'earlier'}]" if r.source == "cache" and from_log else ""
     lines.append(f"  chosen     #{r.winner} {{{r.configs[r.winner]}}}  "
                  f"{'-' if best is None else f'{best:.4f} ms'} ({how}){origin}")
     up = _runner_up(r)
