@@ -34,7 +34,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Collection, Iterator, Sequence
 
 import torch
 
@@ -55,6 +55,7 @@ from ..runtime.compat import (
 )
 from ..errors import CacheWarning, RankMismatchError
 from .fingerprint import callable_digest, kernel_code
+from .incremental import Plan, plan
 
 FORMAT = "triton_ctx_tune.cache/2"  # /1 hashed the outer kernel's source alone
 EXPORT_FORMAT = "triton_ctx_tune.cache-export/1"
@@ -175,7 +176,7 @@ def identity_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         n_old, n_new = len(old.get("configs") or []), len(new["configs"])
         reasons.append(f"the configs changed ({n_old} -> {n_new} configs)" if n_old != n_new else
                        "the configs changed (values or order)")
-    if old.get("hooks") != new["hooks"]:
+    if _hooks_changed(old, new):
         reasons.append("a config pre_hook or the autotuner's pre/post hook changed")
     for field, what in (("device", "device"), ("arch", "architecture"), ("device_count", "device count"),
                         ("world", "world size"), ("reduce", "reduce"), ("stat", "stat"), ("triton", "Triton"),
@@ -183,6 +184,33 @@ def identity_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         if old.get(field) != new[field]:
             reasons.append(f"{what} {old.get(field)!r} -> {new[field]!r}")
     return reasons or ["its identity differs in a way this version cannot name"]
+
+
+def _hooks_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """A hook changed: the autotuner's, or the pre_hook of a config in both lists. A list that only gained
+    or lost configs has other config_pre_hooks, but that is the configs' change, not a hook's."""
+    before, after = old.get("hooks"), new["hooks"]
+    if before == after:
+        return False
+    if not isinstance(before, dict) or before.get("autotuner") != after["autotuner"]:
+        return True
+
+    def by_config(ident: dict[str, Any], hooks: Any) -> dict[str, Any] | None:
+        configs = ident.get("configs")
+        if not isinstance(configs, list) or not isinstance(hooks, list) or len(hooks) != len(configs):
+            return None
+        return {canonical(c): h for c, h in zip(configs, hooks)}
+
+    olds, news = by_config(old, before.get("config_pre_hooks")), by_config(new, after["config_pre_hooks"])
+    return olds is None or news is None or any(olds[c] != h for c, h in news.items() if c in olds)
+
+
+def only_configs_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether an entry with identity `old` (same kernel and key) differs from `new` in its config list
+    alone: then its timings of the configs still listed hold (incremental.py)."""
+    if old.get("format") != new["format"] or old.get("configs") == new["configs"] or _hooks_changed(old, new):
+        return False
+    return all(old.get(field) == value for field, value in new.items() if field not in ("configs", "hooks"))
 
 
 def _code_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -248,8 +276,10 @@ def is_entry_name(name: str) -> bool:
 
 
 def make_entry(ident: dict[str, Any], configs: Sequence[Config], winner: int, reduced: Sequence[Sequence[float]],
-               per_rank: Sequence[Sequence[float]], failures: dict[int, str], tuned: dict[str, Any]) -> dict[str, Any]:
-    """A whole entry. reduced[j] = (stat, q20, q80) in ms; per_rank[r][j] = rank r's stat; failures are rank 0's."""
+               per_rank: Sequence[Sequence[float]], failures: dict[int, str], tuned: dict[str, Any],
+               carried: Collection[int] = ()) -> dict[str, Any]:
+    """A whole entry. reduced[j] = (stat, q20, q80) in ms; per_rank[r][j] = rank r's stat; failures are rank 0's;
+    `carried`: configs whose times were carried over from an earlier entry, scaled, not measured (incremental.py)."""
     def finite(x: float) -> float | None:
         return float(x) if math.isfinite(x) else None  # strict JSON has no Infinity
 
@@ -261,7 +291,7 @@ def make_entry(ident: dict[str, Any], configs: Sequence[Config], winner: int, re
             failure = f"no time on rank(s) {failed_ranks}"
         timings.append({"config": config_str(config), "ms": finite(reduced[j][0]), "q20": finite(reduced[j][1]),
                         "q80": finite(reduced[j][2]), "per_rank_ms": [finite(row[j]) for row in per_rank],
-                        "failure": failure, "failed_ranks": failed_ranks})
+                        "failure": failure, "failed_ranks": failed_ranks, **({"carried": True} if j in carried else {})})
     now = datetime.datetime.now(datetime.timezone.utc)
     return {
         "format": FORMAT,
@@ -320,6 +350,8 @@ def entry_problem(entry: Any) -> str | None:
             return f"timings[{j}].failed_ranks must be a list of integers"
         if t.get("failure") is not None and not isinstance(t["failure"], str):
             return f"timings[{j}].failure must be a string or null"
+        if not isinstance(t.get("carried", False), bool):
+            return f"timings[{j}].carried must be true or false"
     winner = entry.get("winner")
     if not isinstance(winner, dict) or not _is_int(winner.get("index")) or not isinstance(winner.get("config"), str):
         return "'winner' must be an object with an integer 'index' and a 'config' string"
@@ -417,12 +449,17 @@ class Stale:
     reasons: list[str]
     others: int  # further entries of this kernel and key that do not apply either
     winner_config: str | None = None  # its winner: the incumbent among near-ties (decisions.py)
+    plan: Plan | None = None  # only its config list changed: what to re-time (incremental.py)
 
     def describe(self, kernel: str, key: tuple) -> tuple[str, dict[str, Any]]:
         """The log line and the event's fields."""
         more = f" (and {self.others} older entr{'y' if self.others == 1 else 'ies'})" if self.others else ""
+        p = self.plan
+        how = ("Tuning again." if p is None else
+               f"Tuning again incrementally: timing {len(p.new)} new and {len(p.anchors)} anchor configs, carrying "
+               f"{len(p.carried) + len(p.carried_failed)} over.")
         line = (f"cache-stale kernel={kernel} key={key!r}: the cached entry {self.path}{more} does not apply: "
-                + "; ".join(self.reasons) + ". Tuning again.")
+                + "; ".join(self.reasons) + ". " + how)
         return line, {"kernel": kernel, "key": list(key), "path": str(self.path), "reasons": self.reasons,
                       "others": self.others}
 
@@ -436,6 +473,7 @@ class Lookup:
     winner: int  # -1 on a miss
     entry: dict[str, Any] | None  # the entry as read, on the rank that read it
     stale: Stale | None = None  # on a miss, on the rank that read: the closest entry that no longer applies
+    incremental: Plan | None = None  # on a miss, on every rank: what to re-time (stale.plan, broadcast)
 
 
 class TuningCache:
@@ -459,17 +497,23 @@ class TuningCache:
         path = self.directory / entry_filename(ident["kernel"], eid)
         entry = self._load(path, ident, configs) if self.reads_and_writes and not self.retune else None
         hit, winner = entry is not None, entry["winner"]["index"] if entry is not None else -1
-        stale = self._stale(path, ident) if self.reads_and_writes and not self.retune and not hit else None
+        stale = self._stale(path, ident, configs) if self.reads_and_writes and not self.retune and not hit else None
+        incremental = None if stale is None else stale.plan
         if self.comm.active:
+            removed = -1 if incremental is None else incremental.removed
             answers, differing = self.comm.agree(agreement_identity(ident), "look up the tuning cache",
-                                                 lambda: _describe_lookup(ident).encode(), payload=(int(hit), winner))
+                                                 lambda: _describe_lookup(ident).encode(),
+                                                 payload=(int(hit), winner, removed))
             if differing is not None:
                 groups: dict[bytes, list[int]] = {}
                 for rank, text in enumerate(differing):
                     groups.setdefault(text, []).append(rank)
                 raise RankMismatchError("\n".join(f"  ranks {ranks}: {text.decode()}" for text, ranks in groups.items()))
-            hit, winner = bool(answers[0, 0]), int(answers[0, 1])  # rank 0's answer
-        return Lookup(ident, eid, path, hit, winner, entry, stale)
+            hit, winner, removed = bool(answers[0, 0]), int(answers[0, 1]), int(answers[0, 2])  # rank 0's answer
+            if removed >= 0:  # every rank plans the same slots: rank 0's plan, whole
+                mine = incremental.to_tensor() if incremental is not None else Plan.blank_tensor(len(configs), ident["world"])
+                incremental = Plan.from_tensor(self.comm.broadcast_from_root(mine, "broadcast the incremental plan"), removed)
+        return Lookup(ident, eid, path, hit, winner, entry, stale, incremental)
 
     def _load(self, path: Path, ident: dict[str, Any], configs: Sequence[Config]) -> dict[str, Any] | None:
         try:
@@ -489,8 +533,9 @@ class TuningCache:
             return None
         return entry
 
-    def _stale(self, path: Path, ident: dict[str, Any]) -> Stale | None:
-        """The entry of this kernel and key that differs least from `ident`, and how, if there is one."""
+    def _stale(self, path: Path, ident: dict[str, Any], configs: Sequence[Config]) -> Stale | None:
+        """The entry of this kernel and key that differs least from `ident`, and how, if there is one; with
+        an incremental plan when only its config list differs."""
         prefix = path.name[: -len(f"-{entry_id(ident)}{ENTRY_SUFFIX}")]
         try:
             named = [p for p in self.directory.glob(f"{prefix}-*{ENTRY_SUFFIX}")
@@ -498,7 +543,7 @@ class TuningCache:
             named.sort(key=lambda p: p.stat().st_mtime, reverse=True)
         except OSError:
             return None
-        found: list[tuple[int, Path, list[str], str | None]] = []
+        found: list[tuple[int, Path, list[str], str | None, dict[str, Any] | None]] = []
         for order, candidate in enumerate(named[:_MAX_STALE_READS]):
             try:
                 old = json.loads(candidate.read_bytes()[:_MAX_ENTRY_BYTES])
@@ -509,18 +554,23 @@ class TuningCache:
                     and old_ident.get("key") == ident["key"]):
                 won = old.get("winner")
                 won_config = won.get("config") if isinstance(won, dict) and isinstance(won.get("config"), str) else None
-                found.append((order, candidate, identity_changes(old_ident, ident), won_config))
+                usable = only_configs_changed(old_ident, ident) and entry_problem(old) is None
+                found.append((order, candidate, identity_changes(old_ident, ident), won_config, old if usable else None))
         if not found:
             return None
-        _, closest, reasons, won_config = min(found, key=lambda f: (len(f[2]), f[0]))  # fewest changes, then newest
-        return Stale(closest, reasons, len(found) - 1, won_config)
+        # Fewest changes, then one whose timings carry over, then the newest.
+        _, closest, reasons, won_config, old = min(found, key=lambda f: (len(f[2]), f[4] is None, f[0]))
+        incremental = None if old is None else plan(old["timings"], won_config, [config_str(c) for c in configs],
+                                                    ident["world"])
+        return Stale(closest, reasons, len(found) - 1, won_config, incremental)
 
     def store(self, lookup: Lookup, configs: Sequence[Config], winner: int, reduced: Sequence[Sequence[float]],
-              per_rank: Sequence[Sequence[float]], failures: dict[int, str], tuned: dict[str, Any]) -> Path | None:
+              per_rank: Sequence[Sequence[float]], failures: dict[int, str], tuned: dict[str, Any],
+              carried: Collection[int] = ()) -> Path | None:
         """Rank 0 writes the decided key; a write that fails is a warning, never an error of the tuning call."""
         if not self.reads_and_writes:
             return None
-        entry = make_entry(lookup.identity, configs, winner, reduced, per_rank, failures, tuned)
+        entry = make_entry(lookup.identity, configs, winner, reduced, per_rank, failures, tuned, carried)
         try:
             return write_entry(self.directory, entry)
         except OSError as e:

@@ -65,6 +65,9 @@ EVENTS: dict[str, EventSpec] = dict([
     _spec("cache-stale", "a cached entry of the key that no longer applies, and why", "kernel", "key", "path",
           "reasons", "others"),
     _spec("cache-store", "a winner stored in the persistent (or function) cache", "path"),
+    _spec("incremental", "a key re-tuned after its config list alone changed: the configs timed (new ones and "
+          "anchors), those carried over from the old entry, and the scale applied to them", "kernel", "key",
+          "configs", "new", "anchors", "carried", "carried_failed", "removed", "scale"),
     _spec("error", "no config of a key (or point of a function) is valid", "failures"),
     _spec("online-call", "one call of an online session (online=True): its wall time, the slots each key took in "
           "it and the keys decided at its end", "function", "call", "wall_s", "keys", "decided"),
