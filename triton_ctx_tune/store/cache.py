@@ -6,7 +6,8 @@ calls, and the globals and heuristics they read; the autotuner's key and reset/r
 names, the tuning key, the pruned configs in order and their hooks, GPU name, architecture and
 count, or "cpu-interpreter"; world size, reduction and statistic, Triton and torch versions).
 A changed identity is a different file, so a stale result is never found; on such a miss rank 0
-looks for entries of the same kernel and key and says which part of the identity changed. The
+looks for entries of the same kernel and key and says which part of the identity changed (if only
+the config list did, that entry's timings seed an incremental re-tuning: incremental.py). The
 file is still checked against the live configs on load, so a tampered file can at worst cause
 a miss.
 
