@@ -67,7 +67,7 @@ def _kernel(costs: dict[tuple[int, int], float | None], body=_bump):
 
 def _tune(kernel, **opts):
     """One call on a fresh function; the call's events, and its stats."""
-    @contextual_autotune(**FAST, **opts)
+    @contextual_autotune(**{**FAST, **opts})
     def op(x):
         h = x.clone()
         kernel[grid(N)](h, N)
@@ -231,3 +231,18 @@ def test_the_plan_anchors_the_incumbent_and_the_two_fastest():
     again = I.Plan.from_tensor(p.to_tensor(), p.removed)
     assert again.roles == p.roles and again.old[1] == p.old[1]
     assert I.plan(timings, "b", ["x", "d"], world=1) is None  # nothing with a time left to anchor on
+
+
+def test_screening_keeps_carried_configs_within_its_factor_and_times_only_the_others():
+    _first_tune()
+    costs = _place(BASE, 2, (16, 4), 90.0)
+    second = _kernel(costs)
+    events, call = _tune(second, early_stop=1.5)
+    # Screening: one timed slot each for the new config and the anchors; all three are within 1.5x, so they get
+    # their other two. Carried configs take no slot: those within 1.5x of the best (135 ms) stay in the decision.
+    assert _timed_slots(events) == {2: 3, 0: 3, 1: 3}
+    (screen,) = [e for e in events if e["event"] == "screen"]
+    assert screen["kept"] == [0, 1, 2, 3, 4]  # #3 {32, w1} 120 and #4 {32, w2} 130 carried, within 1.5x
+    decision = _only(events, "decision")
+    assert decision["winner"] == 2 and decision["screened_out"] == [5, 6, 7, 8]
+    assert decision["reduced"][4] == pytest.approx(130.0 * HOST_COST_SCALE, rel=0.03)
