@@ -90,6 +90,19 @@ near_tie = triton.autotune(configs=[_cfg(32, lambda a: 600.0 * 1.005), _cfg(16, 
                                     _cfg(64, lambda a: 1200.0)], key=["n"])(triton.jit(_add_one_tie))
 
 
+def _add_one_incr(x_ptr, n, BLOCK: tl.constexpr):
+    """_add_one under a name of its own, for the incremental scenario's two config lists alone."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+# Incremental re-tuning: four configs (32 wins, 16 is the runner-up), then the same four and a faster 8.
+_INCR = [_cfg(16, lambda a: 60.0), _cfg(32, lambda a: 40.0), _cfg(64, lambda a: 80.0), _cfg(128, lambda a: 100.0)]
+incr_before = triton.autotune(configs=_INCR, key=["n"])(triton.jit(_add_one_incr))
+incr_after = triton.autotune(configs=_INCR + [_cfg(8, lambda a: 20.0)], key=["n"])(triton.jit(_add_one_incr))
+
+
 def _accumulate(src_ptr, acc_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -224,6 +237,25 @@ def scenario_near_tie() -> dict[str, Any]:
     log = Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"]) / f"rank-{rank()}.jsonl"
     (*_, last) = (e for line in log.read_text().splitlines() if (e := json.loads(line))["event"] == "decision")
     return {**result, "decision": {k: last[k] for k in ("winner", "fastest", "ties", "tie_break", "band")}}
+
+
+def scenario_incremental() -> dict[str, Any]:
+    """A config added after a tuning: every rank times the same configs (the new one and the anchors, as
+    rank 0 planned from its cache entry) and picks the same winner."""
+    first = _tune_add_one(incr_before)
+    result = _tune_add_one(incr_after)
+    log = Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"]) / f"rank-{rank()}.jsonl"
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    mine = [e for e in events if e["call"] == events[-1]["call"]]  # the second call's
+    timed: dict[str, int] = {}
+    for e in mine:
+        if e["event"] == "slot" and e["timed"]:
+            timed[str(e["config_index"])] = timed.get(str(e["config_index"]), 0) + 1
+    (inc,) = [e for e in mine if e["event"] == "incremental"]
+    (decision,) = [e for e in mine if e["event"] == "decision"]
+    return {**result, "first_executions": first["executions"], "timed": timed,
+            "incremental": {k: inc[k] for k in ("new", "anchors", "carried", "carried_failed", "removed", "scale")},
+            "decision": {k: decision[k] for k in ("winner", "reduced", "per_rank")}}
 
 
 def scenario_all_fail_on_rank1() -> dict[str, Any]:

@@ -13,8 +13,8 @@ import torch
 pytestmark = pytest.mark.dist
 
 ROOT = Path(__file__).resolve().parents[1]
-NORMAL = ["agree", "one_rank_fails", "skew_max", "skew_mean", "near_tie", "early_stop", "all_fail_on_rank1",
-          "mismatch", "backward", "backward_checkpoint"]
+NORMAL = ["agree", "one_rank_fails", "skew_max", "skew_mean", "near_tie", "incremental", "early_stop",
+          "all_fail_on_rank1", "mismatch", "backward", "backward_checkpoint"]
 DEADLINE_S = 600
 
 
@@ -97,6 +97,22 @@ def test_a_near_tie_is_broken_by_rank_0_and_every_rank_logs_the_same_choice(norm
     assert (d["winner"], d["fastest"], d["ties"]) == (0, 1, [0, 1]) and d["tie_break"] in ("config order", "incumbent")
 
 
+def test_an_added_config_is_tuned_incrementally_alike_on_every_rank(normal_runs):
+    _, results, _ = normal_runs
+    rows = results["incremental"]
+    _no_errors(rows)
+    assert all(r["ok"] and r["blocks"] == {"(64, 'torch.float32')": 8} for r in rows), rows
+    # Rank 0 alone read the cache; every rank timed what it planned: the new 8 (#4), the incumbent 32 (#1)
+    # and the runner-up 16 (#0), 3 timed slots each, and carried 64 and 128 over on the same scale.
+    assert all(r["timed"] == {"4": 3, "1": 3, "0": 3} for r in rows), [r["timed"] for r in rows]
+    assert all(r["incremental"] == rows[0]["incremental"] for r in rows)
+    inc = rows[0]["incremental"]
+    assert (inc["new"], inc["anchors"], inc["carried"], inc["carried_failed"], inc["removed"]) == ([4], [0, 1], [2, 3],
+                                                                                                  [], 0)
+    assert all(r["decision"] == rows[0]["decision"] for r in rows) and rows[0]["decision"]["winner"] == 4
+    assert {r["first_executions"] for r in rows} == {4 * 4 + 1} and {r["executions"] for r in rows} == {3 * 4 + 1}
+
+
 def test_early_stopping_keeps_the_consensus_survivors_on_every_rank(normal_runs):
     world, results, out = normal_runs
     rows = results["early_stop"]
@@ -114,7 +130,8 @@ def test_ranks_split_the_precompilation(normal_runs):
     world, _, out = normal_runs
     for r in range(world):
         events = [json.loads(line) for line in (out / "logs" / f"rank-{r}.jsonl").read_text().splitlines()]
-        pre = [e for e in events if e["event"] == "precompile"]
+        # (Not the incremental scenario's kernel: 4 and 5 configs, and the carried ones are not compiled.)
+        pre = [e for e in events if e["event"] == "precompile" and e["kernel"] != "_add_one_incr"]
         # The ranks split every config; the execution that met the key ran one of this rank's meanwhile.
         assert pre and all(e["mine"] == [i for i in range(3) if i % world == r] for e in pre)
         # (At 4 ranks rank 3 has no config of its own to compile: it ran the first config meanwhile.)

@@ -55,6 +55,9 @@ class Decisions:
         per_rank = svc.comm.all_gather(local, "gather timings")  # [world, states, configs, 3]
         per_rank = torch.nan_to_num(per_rank, nan=math.inf, posinf=math.inf)
         reduced = per_rank.amax(0) if svc.opts.reduce == "max" else per_rank.mean(0)
+        for i, s in enumerate(finishing):
+            if isinstance(s, KeyState) and s.incremental is not None:
+                _carry_over(s, reduced[i], per_rank[:, i])
         # Rank 0 turns the reduced times into a keep-mask per state (a screening pass's survivors,
         # or a one-hot winner); broadcasting it makes every rank's schedule and choice identical.
         keep = torch.zeros((len(finishing), width), dtype=torch.int64)
@@ -186,15 +189,34 @@ class Decisions:
         svc.log.summary(f"{svc.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
                         f"({len(s.configs)} configs, {failed} failed, {len(s.dropped)} screened out, {over}, "
                         f"{s.tuning_s:.2f} s)")
+        incremental = self._log_incremental(s) if s.incremental is not None else {}
         lookup = svc.misses.pop(id(s), None)
         if lookup is not None and svc.cache is not None:
             path = svc.cache.store(lookup, s.configs, winner, reduced.tolist(), per_rank.tolist(), dict(s.failures),
                                    {"function": svc.function, "executions": svc.stats.executions,
-                                    "tuning_s": s.tuning_s, "n_warmup": s.n_warmup, "n_repeat": s.n_repeat})
+                                    "tuning_s": s.tuning_s, "n_warmup": s.n_warmup, "n_repeat": s.n_repeat,
+                                    **incremental},
+                                   carried=s.incremental.carried if s.incremental is not None else ())
             if path is not None:
                 svc.stats.stored.append(str(path))
                 svc.log.write("cache-store", f"cache-store kernel={s.kernel} key={s.key!r} -> {path}",
                               kernel=s.kernel, key=list(s.key), path=str(path), id=lookup.id)
+
+    def _log_incremental(self, s: KeyState) -> dict[str, Any]:
+        """Say what was re-timed and what carried over; the part the cache entry keeps (its "tuned")."""
+        p = s.incremental
+        assert p is not None
+        new, anchors, carried, failed = p.new, p.anchors, p.carried, p.carried_failed
+        scale = "none: no anchor has a time now, so the carried configs were left out" if s.scale is None else \
+            f"{s.scale:.3f}"
+        self.services.log.write(
+            "incremental", f"incremental kernel={s.kernel} key={s.key!r}: timed {len(new)} new {new} + "
+            f"{len(anchors)} anchors {anchors} of {len(s.configs)}, carried {len(carried)} {carried}"
+            + (f" and {len(failed)} failed {failed}" if failed else "") + f" ({p.removed} left the list), "
+            f"scale {scale}", kernel=s.kernel, key=list(s.key), configs=len(s.configs), new=new, anchors=anchors,
+            carried=carried, carried_failed=failed, removed=p.removed, scale=s.scale)
+        return {"incremental": {"new": new, "anchors": anchors, "carried": carried, "carried_failed": failed,
+                                "removed": p.removed, "scale": s.scale}}
 
     def _raise_no_valid_config(self, finishing: list[Tunable], i: int) -> None:
         svc = self.services
@@ -211,6 +233,19 @@ class Decisions:
         if isinstance(s, KeyState):
             raise NoValidConfigError(s.kernel, s.key, failures)
         raise NoValidPointError(svc.function, failures)
+
+
+def _carry_over(s: KeyState, reduced: torch.Tensor, per_rank: torch.Tensor) -> None:
+    """Put a key's carried configs' old times, scaled by its anchors' new/old ratio, among the times just
+    reduced (in place), so the decision and the stored entry cover every live config. Every rank holds the
+    same plan and reduced times, so every rank fills in the same numbers."""
+    assert s.incremental is not None
+    s.scale = s.incremental.scale(reduced[: len(s.configs), 0].tolist())
+    if s.scale is None:
+        return  # nothing to put them on today's scale with: they stay without a time
+    for j, (stats, ranks) in s.incremental.carried_times(s.scale).items():
+        reduced[j] = torch.tensor(stats, dtype=reduced.dtype)
+        per_rank[:, j, 0] = torch.tensor(ranks, dtype=per_rank.dtype)
 
 
 def plain_point(point: dict[str, Any]) -> dict[str, Any]:

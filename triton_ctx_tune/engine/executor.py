@@ -23,6 +23,7 @@ from ..runtime.compat import (Autotuner, compile_only, config_failure_reason, co
 from ..runtime.buckets import key_by_name, nearest
 from ..runtime.patch import original_run
 from ..store.cache import Lookup, entry_id, identity, tuned_neighbours
+from ..store.incremental import CARRIED_FAILURE
 from ..tools.logs import fmt_ms
 from .exactly_once import paused
 from .search import Assignment, Search
@@ -115,7 +116,7 @@ class Executor:
                 self.services.log.summary(f"{self.services.function}: {line}")
             if self.opts.resolved_freeze():
                 return self._known(at, self._frozen(at, key, configs, lookup), args, kwargs)
-            state = self._new_state(at, key, configs, args, kwargs, lookup.id if lookup is not None else None)
+            state = self._new_state(at, key, configs, args, kwargs, lookup)
             if lookup is not None:
                 self.misses[id(state)] = lookup
         self.launched.add(id(state))
@@ -232,11 +233,16 @@ class Executor:
         return best
 
     def _new_state(self, at: Autotuner, key: tuple, configs: list, args: tuple, kwargs: dict[str, Any],
-                   key_id: str | None) -> KeyState:
+                   lookup: Lookup | None) -> KeyState:
         self.services.ensure_header()
+        key_id = lookup.id if lookup is not None else None
+        plan = lookup.incremental if lookup is not None else None  # the same on every rank (the lookup's broadcast)
         state = KeyState(autotuner=at, key=key, configs=configs, n_warmup=self.opts.n_warmup,
                          n_repeat=self.opts.n_repeat, kernel=kernel_name(at), early_stop=self.services.early_stop,
-                         point=self.assignment.point, end_to_end=self.opts.objective == "end_to_end")
+                         point=self.assignment.point, end_to_end=self.opts.objective == "end_to_end",
+                         carried=plan.untimed if plan is not None else set(), incremental=plan)
+        for i in plan.carried_failed if plan is not None else ():
+            state.fail(i, CARRIED_FAILURE)
         self.search.add(state)
         self.new_states.append(state)
         if self.services.quarantine is not None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from ..runtime.compat import Autotuner, Config, config_str
+from ..store.incremental import Plan
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,14 @@ class Tunable:
     # survivors wait here, and the screening's best runs meanwhile, until resume() or the end.
     held: list[int] | None = None
     provisional: int | None = None
+    # Configs that take no slot: their times were carried over from an earlier tuning (incremental.py).
+    carried: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.samples = [[] for _ in self.configs]
         self.screening = self.early_stop is not None and self.n_repeat > 1
         first = (self.screening_warmups(), 1) if self.screening else (self.n_warmup, self.n_repeat)
-        self._extend(range(len(self.configs)), *first)
+        self._extend([c for c in range(len(self.configs)) if c not in self.carried], *first)
 
     def screening_warmups(self) -> int:
         """Warm-ups before a config's screening sample: one launch is enough to load and warm a kernel."""
@@ -119,7 +122,7 @@ class Tunable:
         self.dropped = set(range(len(self.configs))) - set(survivors)
         # A precompiled config has been compiled, loaded and launched once: more warm-ups add nothing.
         warmups = 0 if self.precompiled else max(self.n_warmup - 1, 0)
-        self._extend(survivors, warmups, self.n_repeat - 1, interleave=True)
+        self._extend([c for c in survivors if c not in self.carried], warmups, self.n_repeat - 1, interleave=True)
 
     def skip_warmups(self) -> None:
         """Drop the warm-ups not yet taken: online, once every config is compiled and loaded, since
@@ -179,6 +182,8 @@ class KeyState(Tunable):
     end_to_end: bool = False  # judged by whole executions (objective="end_to_end"), not per launch
     compiling: Any = None  # precompile.Precompiling while its configs compile behind the step that met it
     proven: set[int] = field(default_factory=set)  # configs whose launch completed under the quarantine's note
+    incremental: Plan | None = None  # only the config list changed since its cache entry: what is re-timed
+    scale: float | None = None  # incremental: the anchors' new/old time ratio at the last decision
 
     def describe(self) -> str:
         """What ranks must agree on before tuning: kernel, key and the pruned configs in order."""

@@ -6,7 +6,8 @@ calls, and the globals and heuristics they read; the autotuner's key and reset/r
 names, the tuning key, the pruned configs in order and their hooks, GPU name, architecture and
 count, or "cpu-interpreter"; world size, reduction and statistic, Triton and torch versions).
 A changed identity is a different file, so a stale result is never found; on such a miss rank 0
-looks for entries of the same kernel and key and says which part of the identity changed. The
+looks for entries of the same kernel and key and says which part of the identity changed (if only
+the config list did, that entry's timings seed an incremental re-tuning: incremental.py). The
 file is still checked against the live configs on load, so a tampered file can at worst cause
 a miss.
 
@@ -38,7 +39,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Collection, Iterator, Protocol, Sequence
 
 import torch
 
@@ -59,6 +60,7 @@ from ..runtime.compat import (
 )
 from ..errors import CacheWarning, RankMismatchError
 from .fingerprint import callable_digest, kernel_code
+from .incremental import Plan, plan
 
 FORMAT = "triton_ctx_tune.cache/2"  # /1 hashed the outer kernel's source alone
 EXPORT_FORMAT = "triton_ctx_tune.cache-export/1"
@@ -179,7 +181,7 @@ def identity_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         n_old, n_new = len(old.get("configs") or []), len(new["configs"])
         reasons.append(f"the configs changed ({n_old} -> {n_new} configs)" if n_old != n_new else
                        "the configs changed (values or order)")
-    if old.get("hooks") != new["hooks"]:
+    if _hooks_changed(old, new):
         reasons.append("a config pre_hook or the autotuner's pre/post hook changed")
     for field, what in (("device", "device"), ("arch", "architecture"), ("device_count", "device count"),
                         ("world", "world size"), ("reduce", "reduce"), ("stat", "stat"), ("triton", "Triton"),
@@ -187,6 +189,33 @@ def identity_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         if old.get(field) != new[field]:
             reasons.append(f"{what} {old.get(field)!r} -> {new[field]!r}")
     return reasons or ["its identity differs in a way this version cannot name"]
+
+
+def _hooks_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """A hook changed: the autotuner's, or the pre_hook of a config in both lists. A list that only gained
+    or lost configs has other config_pre_hooks, but that is the configs' change, not a hook's."""
+    before, after = old.get("hooks"), new["hooks"]
+    if before == after:
+        return False
+    if not isinstance(before, dict) or before.get("autotuner") != after["autotuner"]:
+        return True
+
+    def by_config(ident: dict[str, Any], hooks: Any) -> dict[str, Any] | None:
+        configs = ident.get("configs")
+        if not isinstance(configs, list) or not isinstance(hooks, list) or len(hooks) != len(configs):
+            return None
+        return {canonical(c): h for c, h in zip(configs, hooks)}
+
+    olds, news = by_config(old, before.get("config_pre_hooks")), by_config(new, after["config_pre_hooks"])
+    return olds is None or news is None or any(olds[c] != h for c, h in news.items() if c in olds)
+
+
+def only_configs_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether an entry with identity `old` (same kernel and key) differs from `new` in its config list
+    alone: then its timings of the configs still listed hold (incremental.py)."""
+    if old.get("format") != new["format"] or old.get("configs") == new["configs"] or _hooks_changed(old, new):
+        return False
+    return all(old.get(field) == value for field, value in new.items() if field not in ("configs", "hooks"))
 
 
 def _code_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -252,8 +281,10 @@ def is_entry_name(name: str) -> bool:
 
 
 def make_entry(ident: dict[str, Any], configs: Sequence[Config], winner: int, reduced: Sequence[Sequence[float]],
-               per_rank: Sequence[Sequence[float]], failures: dict[int, str], tuned: dict[str, Any]) -> dict[str, Any]:
-    """A whole entry. reduced[j] = (stat, q20, q80) in ms; per_rank[r][j] = rank r's stat; failures are rank 0's."""
+               per_rank: Sequence[Sequence[float]], failures: dict[int, str], tuned: dict[str, Any],
+               carried: Collection[int] = ()) -> dict[str, Any]:
+    """A whole entry. reduced[j] = (stat, q20, q80) in ms; per_rank[r][j] = rank r's stat; failures are rank 0's;
+    `carried`: configs whose times were carried over from an earlier entry, scaled, not measured (incremental.py)."""
     def finite(x: float) -> float | None:
         return float(x) if math.isfinite(x) else None  # strict JSON has no Infinity
 
@@ -265,7 +296,7 @@ def make_entry(ident: dict[str, Any], configs: Sequence[Config], winner: int, re
             failure = f"no time on rank(s) {failed_ranks}"
         timings.append({"config": config_str(config), "ms": finite(reduced[j][0]), "q20": finite(reduced[j][1]),
                         "q80": finite(reduced[j][2]), "per_rank_ms": [finite(row[j]) for row in per_rank],
-                        "failure": failure, "failed_ranks": failed_ranks})
+                        "failure": failure, "failed_ranks": failed_ranks, **({"carried": True} if j in carried else {})})
     now = datetime.datetime.now(datetime.timezone.utc)
     return {
         "format": FORMAT,
@@ -324,6 +355,8 @@ def entry_problem(entry: Any) -> str | None:
             return f"timings[{j}].failed_ranks must be a list of integers"
         if t.get("failure") is not None and not isinstance(t["failure"], str):
             return f"timings[{j}].failure must be a string or null"
+        if not isinstance(t.get("carried", False), bool):
+            return f"timings[{j}].carried must be true or false"
     winner = entry.get("winner")
     if not isinstance(winner, dict) or not _is_int(winner.get("index")) or not isinstance(winner.get("config"), str):
         return "'winner' must be an object with an integer 'index' and a 'config' string"
@@ -422,22 +455,28 @@ class Stale:
     others: int  # further entries of this kernel and key that do not apply either
     winner_config: str | None = None  # its winner: the incumbent among near-ties (decisions.py)
     source: str = "cache"  # "cache", or "shipped" (path is then the shipped file that holds it)
+    plan: Plan | None = None  # only its config list changed: what to re-time (incremental.py)
 
     def describe(self, kernel: str, key: tuple) -> tuple[str, dict[str, Any]]:
         """The log line and the event's fields."""
         older = "older " if self.source == "cache" else "other shipped "
         more = f" (and {self.others} {older}entr{'y' if self.others == 1 else 'ies'})" if self.others else ""
         what = f"the cached entry {self.path}" if self.source == "cache" else f"the shipped entry in {self.path}"
+        p = self.plan
+        how = ("Tuning again." if p is None else
+               f"Tuning again incrementally: timing {len(p.new)} new and {len(p.anchors)} anchor configs, carrying "
+               f"{len(p.carried) + len(p.carried_failed)} over.")
         line = (f"cache-stale kernel={kernel} key={key!r}: {what}{more} does not apply: "
-                + "; ".join(self.reasons) + ". Tuning again.")
+                + "; ".join(self.reasons) + ". " + how)
         return line, {"kernel": kernel, "key": list(key), "path": str(self.path), "reasons": self.reasons,
                       "others": self.others, "source": self.source}
 
 
-def closest_stale(candidates: Sequence[tuple[Path, dict[str, Any]]], ident: dict[str, Any],
-                  source: str) -> Stale | None:
-    """Of entries with the same kernel and key (newest first), the one that differs least from `ident`, and how."""
-    found: list[tuple[int, Path, list[str], str | None]] = []
+def closest_stale(candidates: Sequence[tuple[Path, dict[str, Any]]], ident: dict[str, Any], source: str,
+                  configs: Sequence[Config] | None = None) -> Stale | None:
+    """Of entries with the same kernel and key (newest first), the one that differs least from `ident`, and how.
+    Given the live `configs`, an entry whose config list alone differs also brings an incremental plan."""
+    found: list[tuple[int, Path, list[str], str | None, dict[str, Any] | None]] = []
     for order, (where, old) in enumerate(candidates):
         old_ident = old.get("identity") if isinstance(old, dict) else None
         if not isinstance(old_ident, dict):
@@ -446,11 +485,16 @@ def closest_stale(candidates: Sequence[tuple[Path, dict[str, Any]]], ident: dict
             continue  # the entry looked up itself, refused for its winner (warned there)
         won = old.get("winner")
         won_config = won.get("config") if isinstance(won, dict) and isinstance(won.get("config"), str) else None
-        found.append((order, where, identity_changes(old_ident, ident), won_config))
+        usable = configs is not None and only_configs_changed(old_ident, ident) and entry_problem(old) is None
+        found.append((order, where, identity_changes(old_ident, ident), won_config, old if usable else None))
     if not found:
         return None
-    _, closest, reasons, won_config = min(found, key=lambda f: (len(f[2]), f[0]))  # fewest changes, then first
-    return Stale(closest, reasons, len(found) - 1, won_config, source)
+    # Fewest changes, then one whose timings carry over, then the newest.
+    _, closest, reasons, won_config, old = min(found, key=lambda f: (len(f[2]), f[4] is None, f[0]))
+    incremental = None
+    if old is not None and configs is not None:
+        incremental = plan(old["timings"], won_config, [config_str(c) for c in configs], ident["world"])
+    return Stale(closest, reasons, len(found) - 1, won_config, source, incremental)
 
 
 class ShippedSource(Protocol):
@@ -473,6 +517,7 @@ class Lookup:
     # Where a hit came from: "cache" (the entry at `path`), else the shipped file's path on rank 0 and
     # "shipped" on the other ranks (they never read it).
     source: str = "cache"
+    incremental: Plan | None = None  # on a miss, on every rank: what to re-time (stale.plan, broadcast)
 
     @property
     def where(self) -> str:
@@ -513,24 +558,30 @@ class TuningCache:
         hit, winner = entry is not None, entry["winner"]["index"] if entry is not None else -1
         stale = None
         if reads and not hit:
-            stale = self._stale(path, ident)
+            stale = self._stale(path, ident, configs)
             if stale is None and self.shipped is not None:  # the user's own stale entry says more
                 stale = closest_stale([(s.path, s.entry) for s in self.shipped.kernel_others(ident["kernel"],
                                                                                              ident["key"])],
                                       ident, "shipped")
+        incremental = None if stale is None else stale.plan
         if self.comm.active:
             code = 0 if not hit else 1 if source == "cache" else 2  # the other ranks learn where a hit came from
+            removed = -1 if incremental is None else incremental.removed
             answers, differing = self.comm.agree(agreement_identity(ident), "look up the tuning cache",
-                                                 lambda: _describe_lookup(ident).encode(), payload=(code, winner))
+                                                 lambda: _describe_lookup(ident).encode(),
+                                                 payload=(code, winner, removed))
             if differing is not None:
                 groups: dict[bytes, list[int]] = {}
                 for rank, text in enumerate(differing):
                     groups.setdefault(text, []).append(rank)
                 raise RankMismatchError("\n".join(f"  ranks {ranks}: {text.decode()}" for text, ranks in groups.items()))
-            hit, winner = bool(answers[0, 0]), int(answers[0, 1])  # rank 0's answer
+            hit, winner, removed = bool(answers[0, 0]), int(answers[0, 1]), int(answers[0, 2])  # rank 0's answer
             if not self.reads_and_writes:
                 source = "shipped" if int(answers[0, 0]) == 2 else "cache"
-        return Lookup(ident, eid, path, hit, winner, entry, stale, source)
+            if removed >= 0:  # every rank plans the same slots: rank 0's plan, whole
+                mine = incremental.to_tensor() if incremental is not None else Plan.blank_tensor(len(configs), ident["world"])
+                incremental = Plan.from_tensor(self.comm.broadcast_from_root(mine, "broadcast the incremental plan"), removed)
+        return Lookup(ident, eid, path, hit, winner, entry, stale, source, incremental)
 
     def _load_shipped(self, eid: str, configs: Sequence[Config]) -> Any:
         """The shipped entry of exactly this identity, if its winner is one of the live configs."""
@@ -566,8 +617,9 @@ class TuningCache:
             return None
         return entry
 
-    def _stale(self, path: Path, ident: dict[str, Any]) -> Stale | None:
-        """The entry of this kernel and key that differs least from `ident`, and how, if there is one."""
+    def _stale(self, path: Path, ident: dict[str, Any], configs: Sequence[Config]) -> Stale | None:
+        """The entry of this kernel and key that differs least from `ident`, and how, if there is one; with
+        an incremental plan when only its config list differs."""
         prefix = path.name[: -len(f"-{entry_id(ident)}{ENTRY_SUFFIX}")]
         try:
             named = [p for p in self.directory.glob(f"{prefix}-*{ENTRY_SUFFIX}")
@@ -585,14 +637,15 @@ class TuningCache:
             if (isinstance(old_ident, dict) and old_ident.get("kernel") == ident["kernel"]
                     and old_ident.get("key") == ident["key"]):
                 candidates.append((candidate, old))
-        return closest_stale(candidates, ident, "cache")
+        return closest_stale(candidates, ident, "cache", configs)
 
     def store(self, lookup: Lookup, configs: Sequence[Config], winner: int, reduced: Sequence[Sequence[float]],
-              per_rank: Sequence[Sequence[float]], failures: dict[int, str], tuned: dict[str, Any]) -> Path | None:
+              per_rank: Sequence[Sequence[float]], failures: dict[int, str], tuned: dict[str, Any],
+              carried: Collection[int] = ()) -> Path | None:
         """Rank 0 writes the decided key; a write that fails is a warning, never an error of the tuning call."""
         if not self.reads_and_writes:
             return None
-        entry = make_entry(lookup.identity, configs, winner, reduced, per_rank, failures, tuned)
+        entry = make_entry(lookup.identity, configs, winner, reduced, per_rank, failures, tuned, carried)
         try:
             return write_entry(self.directory, entry)
         except OSError as e:

@@ -68,6 +68,9 @@ EVENTS: dict[str, EventSpec] = dict([
     _spec("cache-stale", "a cached or shipped entry of the key that no longer applies, and why", "key", "path",
           "reasons", "others", "source"),
     _spec("cache-store", "a winner stored in the persistent (or function) cache", "path"),
+    _spec("incremental", "a key re-tuned after its config list alone changed: the configs timed (new ones and "
+          "anchors), those carried over from the old entry, and the scale applied to them", "kernel", "key",
+          "configs", "new", "anchors", "carried", "carried_failed", "removed", "scale"),
     _spec("error", "no config of a key (or point of a function) is valid", "failures"),
     _spec("freeze-miss", "a frozen call (freeze=True) met a key with no tuned result, and what ran instead",
           "kernel", "key", "config_index", "config", "nearest", "fix"),

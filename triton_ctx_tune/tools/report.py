@@ -4,8 +4,10 @@ The event kinds are declared in logs.EVENTS; the report reads "call" (a tuning c
 "decision" (a key is decided; its per_rank matrix is the same on every rank, its local_failures
 are the writer's own), "point-decision" (a function-level winner), "cache-hit" (a winner read
 from the persistent cache or a shipped config file, its source says which; rank 0's event carries
-the whole entry), "error" (no valid config) and "end" (_READERS), and says in IGNORED why it reads
-no other kind. Logs are appended to across runs, so the latest event of a key wins.
+the whole entry), "incremental" (what a key re-tuned after a config-list change timed and carried
+over), "freeze-miss" and "tune-ahead" (serving), "error" (no valid config) and "end" (_READERS),
+and says in IGNORED why it reads no other kind. Logs are appended to across runs, so the latest
+event of a key wins.
 """
 from __future__ import annotations
 
@@ -54,6 +56,9 @@ class KeyReport:
     fastest: int | None = None
     tie_break: str | None = None
     shipped: str | None = None  # a cache hit read from a shipped config file: the file (or "shipped")
+    # Incremental re-tuning (store/incremental.py): what was timed and carried over, and the scale.
+    incremental: dict[str, Any] | None = None
+    carried: list[int] = field(default_factory=list)  # configs whose times are carried over, not measured
 
 
 @dataclass
@@ -197,6 +202,7 @@ def add_entry(r: KeyReport, entry: dict[str, Any]) -> None:
             failed = t.get("failed_ranks") or [0]
             who = f"rank {failed[0]}" if len(failed) == 1 else f"ranks {failed}"
             r.failures.setdefault(j, {})[who] = t["failure"]
+    r.carried = [j for j, t in enumerate(timings) if t.get("carried")]
     ident = entry.get("identity", {})
     tuned = entry.get("tuned", {})
     r.stat, r.reduce, r.world = ident.get("stat", "median"), ident.get("reduce", "max"), ident.get("world", 1)
@@ -253,6 +259,14 @@ class _Story:
         for k in e["decided"]:
             o.decided_at[f"{k['kernel']} key={tuple(k['key'])!r}"] = int(e["call"])
 
+    def incremental(self, e: dict[str, Any]) -> None:
+        """Written right after its key's decision: it adds to that decision's report."""
+        r = self.keys.get((e["kernel"], repr(tuple(e["key"]))))
+        if r is not None and r.source == "tuned":
+            r.incremental = {k: e[k] for k in ("configs", "new", "anchors", "carried", "carried_failed", "removed",
+                                               "scale")}
+            r.carried = list(e["carried"])
+
     def key_event(self, e: dict[str, Any]) -> None:
         if "kernel" not in e:
             return  # a function's (autotune()): its point-decision tells the story
@@ -280,6 +294,7 @@ _READERS: dict[str, Callable[[_Story, dict[str, Any]], None]] = {
     "online-call": _Story.online_call,
     "freeze-miss": _Story.freeze_miss,
     "tune-ahead": _Story.tune_ahead,
+    "incremental": _Story.incremental,
 }
 IGNORED: dict[str, str] = {
     "precompile": "compile times; a config that failed to compile fails in its key's decision, with the reason",
@@ -383,6 +398,8 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
         decided = ("the fastest won" if r.tie_break is None else
                    f"the tie-break ({r.tie_break}) chose #{r.winner} over the fastest, #{r.fastest}")
         lines.append(f"  near-ties  band {r.band:.1%} (the fastest's spread {r.spread or 0:.1%}): {within}; {decided}")
+    if r.incremental is not None:
+        lines.append(f"  {_incremental_line(r.incremental)}")
     winner_times = [(rank, row[r.winner]) for rank, row in enumerate(r.per_rank) if r.winner < len(row)]
     finite = [t for _, t in winner_times if t is not None]
     if len(finite) > 1:
@@ -416,8 +433,20 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
             q = (f"{r.q20[j]:.3f}..{r.q80[j]:.3f}" if j < len(r.q20) and r.q20[j] is not None
                  and j < len(r.q80) and r.q80[j] is not None else "-")
             ranks = "".join(f"  {_ms(row[j]) if j < len(row) else '-':>10}" for row in r.per_rank)
-            lines.append(f"    {mark} #{j:<3}  {_ms(r.ms[j] if j < len(r.ms) else None):>10}  {q:>19}{ranks}  {config}")
+            carried = "  (carried over, scaled)" if j in r.carried else ""
+            lines.append(f"    {mark} #{j:<3}  {_ms(r.ms[j] if j < len(r.ms) else None):>10}  {q:>19}{ranks}  "
+                         f"{config}{carried}")
     return lines
+
+
+def _incremental_line(i: dict[str, Any]) -> str:
+    """E.g. "incremental: timed 1 new + 2 anchors of 9, carried 6, scale 1.02"."""
+    failed = f" (+{len(i['carried_failed'])} failed before, still failed)" if i["carried_failed"] else ""
+    scale = "none (no anchor has a time now: the carried configs were left out)" if i["scale"] is None else \
+        f"{i['scale']:.2f}"
+    left = f"; {i['removed']} left the list" if i["removed"] else ""
+    return (f"incremental: timed {len(i['new'])} new + {len(i['anchors'])} anchors of {i['configs']}, "
+            f"carried {len(i['carried'])}{failed}, scale {scale}{left}")
 
 
 def format_points(f: PointReport) -> list[str]:
