@@ -17,6 +17,7 @@ import triton.language as tl
 from tests.kernels import DEVICE, SIZED_CONFIGS, autotuner, grid
 from triton_ctx_tune import autotune, contextual_autotune
 from triton_ctx_tune.errors import InvalidOptionError, UserHookError
+from triton_ctx_tune.runtime import devices
 from triton_ctx_tune.tools import report as R
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,7 +171,11 @@ def test_tune_ahead_tunes_every_bucket_then_serving_never_tunes():
         assert r.call_ms is not None and r.call_ms > 0
         assert r.tflops == pytest.approx(2.0 * r.size / (r.call_ms / 1e3) / 1e12)
         assert r.gbps == pytest.approx(8.0 * r.size / (r.call_ms / 1e3) / 1e9)
-        assert r.peak_fraction is None  # the interpreter has no peak
+        tf_peak, gb_peak = devices.peak()
+        if tf_peak is None:  # the interpreter (and an unknown GPU) has no peak
+            assert r.peak_fraction is None
+        else:
+            assert r.peak_fraction == pytest.approx(max(r.tflops / tf_peak, r.gbps / gb_peak))
     for n in (1, 5, 77, 300, 129):
         _check(op(_ones(n)), n)
         assert op.last_call.executions == 1
