@@ -115,6 +115,7 @@ ENVIRONMENT: dict[str, Callable[[], object]] = {
     "TRITON_CTX_TUNE_COMPILE_WORKERS": env_compile_workers,
     "TRITON_CTX_TUNE_SNAPSHOT_LIMIT_MB": env_snapshot_limit_mb,
     "TRITON_CTX_TUNE_FREEZE": lambda: _env_flag("TRITON_CTX_TUNE_FREEZE"),
+    "TRITON_CTX_TUNE_CONFIRM": lambda: _env_flag("TRITON_CTX_TUNE_CONFIRM", default=True),
     "TRITON_CTX_TUNE_LOG_DIR": lambda: None,
     "TRITON_CTX_TUNE_CACHE_DIR": lambda: None,
     CONFIG_PATH_ENV: lambda: None,  # a missing directory on it is a warning when it is searched, not an error
@@ -174,6 +175,11 @@ class TuneOptions:
     # together, contention included. Costs one step (e2e_runs executions when timed) per slot instead
     # of one launch.
     objective: str = "per_launch"
+    # Confirmation of close candidates: before a key timed per launch is decided, the configs within
+    # a few percent of the fastest (twice the tie band, 3% to 10%) are re-timed, interleaved, in
+    # max(3, n_repeat) more slots each, and the decision uses those samples. None:
+    # TRITON_CTX_TUNE_CONFIRM, on unless it is 0.
+    confirm: bool | None = None
     # Executions in one end-to-end timed step (a point of a space, or objective="end_to_end"), back
     # to back on the stream, each between its own CUDA events. The first lines the ranks' GPUs up (a
     # collective in it waits for the last rank to arrive) and is not a sample; each later one is a
@@ -228,6 +234,9 @@ class TuneOptions:
         object.__setattr__(self, "_bucketing", None if self.buckets is None else Buckets(self.buckets))
         if self.freeze is not None and not isinstance(self.freeze, bool):
             raise InvalidOptionError("freeze", self.freeze, "True, False or None (None: TRITON_CTX_TUNE_FREEZE decides)")
+        if self.confirm is not None and not isinstance(self.confirm, bool):
+            raise InvalidOptionError("confirm", self.confirm, "True, False or None (None: TRITON_CTX_TUNE_CONFIRM "
+                                     "decides, on unless it is 0)")
         for name in ("flops", "bytes"):
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise InvalidOptionError(name, getattr(self, name), f"a callable {name}(*args, **kwargs) -> number "
@@ -405,6 +414,9 @@ class TuneOptions:
     def bucketing(self) -> Buckets | None:
         """The checked rules of `buckets` (runtime/buckets.py), built once with the options."""
         return self.__dict__["_bucketing"]
+
+    def resolved_confirm(self) -> bool:
+        return _env_flag("TRITON_CTX_TUNE_CONFIRM", default=True) if self.confirm is None else self.confirm
 
     def resolved_freeze(self) -> bool:
         return _env_flag("TRITON_CTX_TUNE_FREEZE") if self.freeze is None else self.freeze

@@ -19,11 +19,12 @@ from ..runtime.compat import config_str, notify_listener
 from ..errors import NoValidConfigError, NoValidPointError
 from ..tools.logs import fmt_ms
 from .search import PointTunable
-from .state import Choice, KeyState, Tunable, screen, stable_winner
+from .state import CONFIRM_ROUNDS, Choice, KeyState, Tunable, close_candidates, screen, stable_winner
 
 # How rank 0's keep-mask marks a winner that a tie-break chose (1: the fastest, or a screening survivor).
 TIE_CODES = {None: 1, "incumbent": 2, "config order": 3}
 TIE_BY_CODE = {code: how for how, code in TIE_CODES.items()}
+CONFIRM_CODE = 4  # a close candidate, re-timed before the key is decided
 
 if TYPE_CHECKING:
     from .services import StepServices
@@ -65,7 +66,11 @@ class Decisions:
             if s.screening and svc.early_stop:
                 keep[i, screen(self._times(s, reduced[i]), svc.early_stop)] = 1
             elif (choice := self._choice(s, reduced[i], self._incumbent(s))) is not None:
-                keep[i, choice.winner] = TIE_CODES[choice.tie_break]
+                close = self._to_confirm(s, choice, reduced[i])
+                if close:
+                    keep[i, close] = CONFIRM_CODE
+                else:
+                    keep[i, choice.winner] = TIE_CODES[choice.tie_break]
         keep = svc.comm.broadcast_from_root(keep, "broadcast decisions")
         for i, s in enumerate(finishing):
             if not bool(keep[i].any()):
@@ -83,6 +88,8 @@ class Decisions:
                     self._log_screen(s, kept, times)
                 else:
                     self._commit_point(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
+            elif int(keep[i].max()) == CONFIRM_CODE:
+                self._confirm(s, kept, times)
             elif s.screening and len(kept) > 1:
                 if hold and s.point is not None:
                     s.hold(kept, best=min(kept, key=lambda j: float(times[j, 0])))
@@ -97,6 +104,28 @@ class Decisions:
                 choice = self._choice(s, reduced[i], None)
                 how = TIE_BY_CODE.get(int(keep[i, kept[0]]))
                 self._commit(s, kept[0], times, per_rank[:, i, : len(s.configs), 0], choice, how)
+
+    def _to_confirm(self, s: Tunable, choice: Choice, reduced: torch.Tensor) -> list[int]:
+        """Rank 0: the close candidates a key re-times before its decision, or [] to decide now. Only
+        once per key, per launch (an end-to-end slot costs a whole step), and only configs measured
+        in this call (carried-over times have no samples to compare)."""
+        if not (isinstance(s, KeyState) and self.services.opts.resolved_confirm()) or s.confirmed is not None \
+                or s.end_to_end:
+            return []
+        close, _ = close_candidates(choice, self._times(s, reduced))
+        close = [j for j in close if j not in s.carried]
+        return close if len(close) > 1 else []
+
+    def _confirm(self, s: Tunable, kept: list[int], times: torch.Tensor) -> None:
+        svc = self.services
+        rounds = max(CONFIRM_ROUNDS, s.n_repeat)
+        s.confirm(kept, rounds)
+        best = min(float(times[j, 0]) for j in kept)
+        margins = {j: float(times[j, 0]) / best - 1 for j in kept}
+        svc.log.write("confirm", f"confirm {_subject(s)}: {len(kept)} close candidates {kept} "
+                      f"(within {max(margins.values()):.1%} of the fastest) re-timed interleaved, {rounds} more "
+                      f"slots each", **_subject_fields(s), candidates=kept, rounds=rounds,
+                      reduced=[float(times[j, 0]) for j in kept], margins=[margins[j] for j in kept])
 
     @staticmethod
     def _times(s: Tunable, reduced: torch.Tensor) -> list[float]:
@@ -185,7 +214,7 @@ class Decisions:
                       executions=svc.stats.executions, tuning_s=s.tuning_s,
                       fastest=None if choice is None else choice.fastest, ties=None if choice is None else choice.ties,
                       band=None if choice is None else choice.band, spread=None if choice is None else choice.spread,
-                      tie_break=how)
+                      tie_break=how, confirmed=s.confirmed)
         svc.log.summary(f"{svc.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
                         f"({len(s.configs)} configs, {failed} failed, {len(s.dropped)} screened out, {over}, "
                         f"{s.tuning_s:.2f} s)")

@@ -67,6 +67,8 @@ class Tunable:
     provisional: int | None = None
     # Configs that take no slot: their times were carried over from an earlier tuning (incremental.py).
     carried: set[int] = field(default_factory=set)
+    # Confirmation (decisions.py): the close candidates that were re-timed, interleaved, before the decision.
+    confirmed: list[int] | None = None
 
     def __post_init__(self) -> None:
         self.samples = [[] for _ in self.configs]
@@ -123,6 +125,15 @@ class Tunable:
         # A precompiled config has been compiled, loaded and launched once: more warm-ups add nothing.
         warmups = 0 if self.precompiled else max(self.n_warmup - 1, 0)
         self._extend([c for c in survivors if c not in self.carried], warmups, self.n_repeat - 1, interleave=True)
+
+    def confirm(self, candidates: list[int], rounds: int) -> None:
+        """Re-time the close candidates before deciding: `rounds` more timed slots each, round-robin, on
+        fresh samples, so that they are compared over the same stretch of time and no earlier drift
+        (a warm-up that ran long, clocks that settled) separates them."""
+        self.confirmed = list(candidates)
+        for c in candidates:
+            self.samples[c] = []
+        self._extend(candidates, 0, rounds, interleave=True)
 
     def skip_warmups(self) -> None:
         """Drop the warm-ups not yet taken: online, once every config is compiled and loaded, since
@@ -249,6 +260,22 @@ def stable_winner(times: list[float], q20: list[float], q80: list[float], incumb
     winner = incumbent if incumbent in ties else ties[0]
     how = None if winner == fastest else ("incumbent" if winner == incumbent else "config order")
     return Choice(winner, fastest, spread, band, ties, how)
+
+
+# Confirmation: before a key is decided, the candidates within CONFIRM_FACTOR times the tie band of the
+# fastest (at least CONFIRM_FLOOR, at most CONFIRM_CAP) are re-timed, interleaved, in CONFIRM_ROUNDS or
+# n_repeat more slots each, whichever is more.
+CONFIRM_FACTOR = 2.0
+CONFIRM_FLOOR = 0.03
+CONFIRM_CAP = 0.10
+CONFIRM_ROUNDS = 3
+
+
+def close_candidates(choice: Choice, times: list[float]) -> tuple[list[int], float]:
+    """The configs close enough to the fastest that one more, interleaved, look may reorder them."""
+    band = min(CONFIRM_CAP, max(CONFIRM_FLOOR, CONFIRM_FACTOR * choice.band))
+    best = times[choice.fastest]
+    return [i for i, t in enumerate(times) if math.isfinite(t) and t <= best * (1 + band)], band
 
 
 def screen(times: list[float], factor: float) -> list[int]:

@@ -56,6 +56,7 @@ class KeyReport:
     fastest: int | None = None
     tie_break: str | None = None
     shipped: str | None = None  # a cache hit read from a shipped config file: the file (or "shipped")
+    confirmed: list[int] | None = None  # the close candidates re-timed, interleaved, before the decision
     # Incremental re-tuning (store/incremental.py): what was timed and carried over, and the scale.
     incremental: dict[str, Any] | None = None
     carried: list[int] = field(default_factory=list)  # configs whose times are carried over, not measured
@@ -167,6 +168,7 @@ def _from_decision(e: dict[str, Any], function: str | None) -> KeyReport:
     r.executions, r.tuning_s = e.get("executions"), e.get("tuning_s")
     r.band, r.spread, r.ties = e.get("band"), e.get("spread"), list(e.get("ties") or [])
     r.fastest, r.tie_break = e.get("fastest"), e.get("tie_break")
+    r.confirmed = e.get("confirmed")
     return r
 
 
@@ -304,6 +306,7 @@ IGNORED: dict[str, str] = {
     "slot": "raw samples; the decision carries their reduced statistics",
     "step": "raw end-to-end samples; the decision or point-decision carries their reduced statistics",
     "screen": "a screening pass's survivors; the decision that follows names the configs screened out",
+    "confirm": "the close candidates a key re-times; its decision names them (confirmed) with their times after",
     "point-failed": "a point's failure; the point-decision carries every point's failure",
     "validation": "each config's check; an invalid config fails in its key's decision with the reason",
     "cache-stale": "why a cached or shipped entry was not used; the key is then tuned again and its decision read",
@@ -398,6 +401,8 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
         decided = ("the fastest won" if r.tie_break is None else
                    f"the tie-break ({r.tie_break}) chose #{r.winner} over the fastest, #{r.fastest}")
         lines.append(f"  near-ties  band {r.band:.1%} (the fastest's spread {r.spread or 0:.1%}): {within}; {decided}")
+    if r.confirmed:
+        lines.append(f"  {_confirmed_line(r)}")
     if r.incremental is not None:
         lines.append(f"  {_incremental_line(r.incremental)}")
     winner_times = [(rank, row[r.winner]) for rank, row in enumerate(r.per_rank) if r.winner < len(row)]
@@ -437,6 +442,19 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
             lines.append(f"    {mark} #{j:<3}  {_ms(r.ms[j] if j < len(r.ms) else None):>10}  {q:>19}{ranks}  "
                          f"{config}{carried}")
     return lines
+
+
+def _confirmed_line(r: KeyReport) -> str:
+    """E.g. "confirmed  #1, #2 re-timed interleaved before the decision: #2 ahead by 1.3%"."""
+    assert r.confirmed
+    names = ", ".join(f"#{j}" for j in r.confirmed)
+    others = [r.ms[j] for j in r.confirmed if j != r.winner and j < len(r.ms) and r.ms[j] is not None]
+    best = r.ms[r.winner] if r.winner < len(r.ms) else None
+    if not others or best is None or best <= 0:
+        return f"confirmed  {names} re-timed interleaved before the decision"
+    margin = min(others) / best - 1  # type: ignore[type-var]
+    ahead = f"ahead by {margin:.1%}" if margin >= 0 else f"within the tie band, {-margin:.1%} behind the fastest"
+    return f"confirmed  {names} re-timed interleaved before the decision: #{r.winner} {ahead}"
 
 
 def _incremental_line(i: dict[str, Any]) -> str:

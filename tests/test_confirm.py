@@ -1,0 +1,123 @@
+"""Confirmation of close candidates: before a key is decided, the configs within a few percent of the
+fastest are re-timed, interleaved, on fresh samples, and the decision uses those samples. A ranking
+that drift made (a config measured fast in its own stretch of time, slower once compared side by side)
+is corrected; a clear winner costs nothing extra."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import triton
+
+from tests.kernels import DEVICE, SLOW_MS, add_one_, block_configs, chosen, costly, grid
+from triton_ctx_tune import contextual_autotune
+from triton_ctx_tune.engine.state import CONFIRM_CAP, CONFIRM_FLOOR, close_candidates, stable_winner
+from triton_ctx_tune.tools.report import build, format_report
+
+N = 128
+FAST = dict(n_warmup=1, n_repeat=3, early_stop=False, cache=False)
+SLOTS = 4  # per config: one warm-up and three timed launches
+BIG = 10 * SLOW_MS  # declared costs far above the interpreter's own time
+
+
+def _kernel(configs: list[triton.Config]) -> Any:
+    return triton.autotune(configs=configs, key=["n"])(triton.jit(add_one_.fn.fn))
+
+
+def _tune(kernel: Any, **opts: Any) -> Any:
+    @contextual_autotune(**{**FAST, **opts})
+    def op(x):
+        kernel[grid(N)](x, N)
+        return x
+
+    op(torch.zeros(N, device=DEVICE))
+    return op.last_call
+
+
+def _events(kind: str) -> list[dict]:
+    path = Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"])
+    return [e for f in sorted(path.rglob("rank-0.jsonl")) for line in f.read_text().splitlines()
+            if (e := json.loads(line))["event"] == kind]
+
+
+def _drifting(fast_launches: int, early: float, late: float) -> triton.Config:
+    """BLOCK 16: its first `fast_launches` launches cost `early` * BIG, every later one `late` * BIG (a GPU
+    whose clocks were high while this config had the machine to itself, say)."""
+    launches = [0]
+
+    def cost(nargs: dict[str, Any]) -> float:
+        launches[0] += 1
+        return (early if launches[0] <= fast_launches else late) * BIG
+
+    return triton.Config({"BLOCK": 16}, num_warps=4, pre_hook=costly(cost))
+
+
+def test_close_candidates_band():
+    # Twice the tie band, clamped to [3%, 10%]: a 1% tie band -> 3%; 4% -> 8%; 5% -> the 10% cap.
+    tight = stable_winner([1.0, 1.02, 1.05], [1.0, 1.02, 1.05], [1.0, 1.02, 1.05])
+    assert close_candidates(tight, [1.0, 1.02, 1.05]) == ([0, 1], CONFIRM_FLOOR)
+    wide = stable_winner([1.0, 1.07, 1.2], [0.98, 1.07, 1.2], [1.02, 1.07, 1.2])
+    assert close_candidates(wide, [1.0, 1.07, 1.2]) == ([0, 1], pytest.approx(0.08))
+    capped = stable_winner([1.0, 1.09, 1.11], [0.9, 1.09, 1.11], [1.1, 1.09, 1.11])
+    assert close_candidates(capped, [1.0, 1.09, 1.11]) == ([0, 1], CONFIRM_CAP)
+    assert close_candidates(tight, [1.0, float("inf"), 1.02]) == ([0, 2], CONFIRM_FLOOR)  # failed: never a candidate
+
+
+def test_a_ranking_made_by_drift_is_corrected_by_the_interleaved_confirmation():
+    # BLOCK 16 measures 0.98 while it runs its own block of slots, then 1.05; BLOCK 32 is a steady 1.0.
+    configs = lambda: [_drifting(SLOTS, 0.98, 1.05)] + block_configs([32, 64], slow={32: BIG, 64: 2 * BIG})
+    plain = _kernel(configs())
+    unconfirmed = _tune(plain, confirm=False)
+    assert chosen(plain) == {(N, "torch.float32"): 16}  # 2% ahead in its own stretch: beyond the 1% tie band
+    assert _events("confirm") == [] and unconfirmed.executions == 3 * SLOTS + 1
+
+    kernel = _kernel(configs())
+    call = _tune(kernel)
+    assert chosen(kernel) == {(N, "torch.float32"): 32}
+    (confirm,) = _events("confirm")
+    assert confirm["candidates"] == [0, 1] and confirm["rounds"] == 3
+    assert confirm["margins"][0] == pytest.approx(0.0) and confirm["margins"][1] == pytest.approx(0.02, abs=0.005)
+    decision = _events("decision")[-1]
+    assert decision["confirmed"] == [0, 1] and decision["winner"] == 1
+    # The decision's times are the confirmation's: BLOCK 16 at 1.05, BLOCK 32 at 1.0.
+    assert decision["reduced"][0] / decision["reduced"][1] == pytest.approx(1.05, rel=0.01)
+    assert call.executions == 3 * SLOTS + 2 * 3 + 1  # the schedule, 2 candidates x 3 rounds, the final run
+    text = format_report(build(Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"])))
+    assert "confirmed  #0, #1 re-timed interleaved before the decision: #1 ahead by 5.0%" in text
+
+
+def test_a_clear_winner_is_not_confirmed_and_costs_nothing_more():
+    kernel = _kernel(block_configs([16, 32, 64], slow={16: BIG, 32: 1.2 * BIG, 64: 2 * BIG}))
+    call = _tune(kernel)
+    assert chosen(kernel) == {(N, "torch.float32"): 16}
+    assert _events("confirm") == [] and _events("decision")[-1]["confirmed"] is None
+    assert call.executions == 3 * SLOTS + 1
+
+
+def test_confirmation_off_by_environment(monkeypatch):
+    monkeypatch.setenv("TRITON_CTX_TUNE_CONFIRM", "0")
+    kernel = _kernel([_drifting(SLOTS, 0.98, 1.05)] + block_configs([32], slow={32: BIG}))
+    call = _tune(kernel)
+    assert chosen(kernel) == {(N, "torch.float32"): 16} and call.executions == 2 * SLOTS + 1
+    assert _events("confirm") == []
+
+
+def test_online_calls_confirm_too():
+    kernel = _kernel([_drifting(SLOTS, 0.98, 1.05)] + block_configs([32], slow={32: BIG}))
+
+    @contextual_autotune(**FAST, online=True)
+    def op(x):
+        kernel[grid(N)](x, N)
+        return x
+
+    calls = 0
+    while not chosen(kernel) and calls < 50:
+        op(torch.zeros(N, device=DEVICE))
+        calls += 1
+    assert chosen(kernel) == {(N, "torch.float32"): 32}
+    (confirm,) = _events("confirm")
+    assert confirm["candidates"] == [0, 1]
