@@ -27,7 +27,7 @@ OPTIONS = ["is_dist", "n_repeat", "n_warmup", "group", "reduce", "stat", "flush_
            "max_executions", "cache", "cache_dir", "config_path", "early_stop", "precompile", "compile_threads",
            "compile_workers", "compile_timeout_s",
            "cuda_graph", "quarantine",
-           "slot_timeout_s", "objective", "confirm", "e2e_runs", "validate", "reference", "compare", "atol", "rtol",
+           "slot_timeout_s", "objective", "confirm", "split_screening", "e2e_runs", "validate", "reference", "compare", "atol", "rtol",
            "max_mismatch_ratio", "exactly_once", "snapshot_limit_mb", "online", "buckets", "freeze", "flops", "bytes"]
 
 
@@ -69,6 +69,7 @@ BAD_ENV = {
     "TRITON_CTX_TUNE_SNAPSHOT_LIMIT_MB": ("lots", "a number of MiB >= 0 (inf: no limit); unset for 4096"),
     "TRITON_CTX_TUNE_FREEZE": ("always", FLAG),
     "TRITON_CTX_TUNE_CONFIRM": ("twice", FLAG),
+    "TRITON_CTX_TUNE_SPLIT_SCREENING": ("halves", FLAG),
 }
 
 
@@ -485,6 +486,8 @@ MISUSES: list[Misuse] = [
            ("buckets=", "a rule for 'n' that returns an int (it returned 32.0 for 64)"), runs=True),
     Misuse("freeze='yes'", _decorate(freeze="yes"), InvalidOptionError, ("freeze='yes'", "True, False or None")),
     Misuse("confirm=2", _decorate(confirm=2), InvalidOptionError, ("confirm=2", "True, False or None")),
+    Misuse("split_screening='on'", _decorate(split_screening="on"), InvalidOptionError,
+           ("split_screening='on'", "True, False or None")),
     Misuse("flops=3", _decorate(flops=3), InvalidOptionError, ("flops=3", "a callable flops(*args, **kwargs)")),
     Misuse("tune_ahead(sizes=[])", _ahead([], lambda n: (_x(),)), InvalidOptionError,
            ("tune_ahead(sizes=...)=[]", "a non-empty list of ints >= 0")),

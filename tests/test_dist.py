@@ -14,7 +14,7 @@ pytestmark = pytest.mark.dist
 
 ROOT = Path(__file__).resolve().parents[1]
 NORMAL = ["agree", "one_rank_fails", "skew_max", "skew_mean", "near_tie", "incremental", "early_stop",
-          "all_fail_on_rank1", "mismatch", "backward", "backward_checkpoint"]
+          "split_table", "fast_on_one_rank", "all_fail_on_rank1", "mismatch", "backward", "backward_checkpoint"]
 DEADLINE_S = 600
 
 
@@ -118,20 +118,57 @@ def test_early_stopping_keeps_the_consensus_survivors_on_every_rank(normal_runs)
     rows = results["early_stop"]
     _no_errors(rows)
     assert all(r["ok"] and r["blocks"] == {"(64, 'torch.float32')": 16} for r in rows)
-    # 3 configs x 2 screening slots, then 2 survivors x 2 timed slots (precompiled: no more warm-ups), final run.
-    assert {r["executions"] for r in rows} == {6 + 4 + 1}
+    # The ranks share the screening: ceil(3 / world) configs x 2 slots each; then the 2 survivors x 2 slots in
+    # lockstep, as a lockstep screening's survivors take (a rank's first launch of a config it did not screen
+    # is its warm-up); the final run.
+    assert {r["executions"] for r in rows} == {2 * -(-3 // world) + 2 * 2 + 1}
     for r in range(world):
         events = [json.loads(line) for line in (out / "logs" / f"rank-{r}.jsonl").read_text().splitlines()]
-        screens = [e for e in events if e["event"] == "screen"]
+        screens = [e for e in events if e["event"] == "screen" and e["kernel"] == "_add_one"]
         assert [e["kept"] for e in screens] == [[0, 2]]
+
+
+def test_split_screening_gives_the_lockstep_winner_in_fewer_executions(normal_runs):
+    world, results, _ = normal_runs
+    rows = results["split_table"]
+    _no_errors(rows)
+    for r in rows:
+        split, lockstep = r["split"], r["lockstep"]
+        assert split["ok"] and lockstep["ok"]
+        assert split["blocks"] == lockstep["blocks"] == {"(64, 'torch.float32')": 64}  # 100 ms
+        assert split["screens"] == lockstep["screens"] == [[1, 2, 4]]  # 140, 100 and 120 ms: within 1.5x
+        assert split["decision"]["split"] is True and lockstep["decision"]["split"] is False
+        assert split["decision"]["readmitted"] == [] and split["decision"]["winner"] == 2
+        # Screening: 8 configs x 2 slots in lockstep, ceil(8 / world) x 2 split; then the survivors' 3 x 2 slots
+        # either way; both end with the final run.
+        assert lockstep["executions"] == 8 * 2 + 3 * 2 + 1
+        assert split["executions"] == -(-8 // world) * 2 + 3 * 2 + 1
+    # Screening executions at this world size against one rank's: 0.5x at 2 ranks, 0.25x at 4.
+    assert -(-8 // world) * 2 / (8 * 2) <= 0.5
+
+
+def test_a_config_fast_on_its_screening_rank_only_is_rejected_by_the_lockstep_timing(normal_runs):
+    world, results, _ = normal_runs
+    rows = results["fast_on_one_rank"]
+    _no_errors(rows)
+    assert all(r["ok"] and r["blocks"] == {"(64, 'torch.float32')": 32} for r in rows), rows
+    for r in rows:
+        assert r["screens"] == [[0]]  # rank 0 screened it at the interpreter's own time: it alone survived
+        # Its lockstep time, 300 ms on the other ranks, brings back the configs within 1.5x: 100 and 110 ms.
+        assert r["decision"]["readmitted"] == [1, 2] and r["decision"]["winner"] == 1
+        assert r["decision"]["screened_out"] == [3]
+        # Screening ceil(4 / world) x 2; #0 in lockstep, 2 slots; #1 and #2 readmitted, 2 x 2; the final run.
+        assert r["executions"] == -(-4 // world) * 2 + 2 + 2 * 2 + 1
 
 
 def test_ranks_split_the_precompilation(normal_runs):
     world, _, out = normal_runs
     for r in range(world):
         events = [json.loads(line) for line in (out / "logs" / f"rank-{r}.jsonl").read_text().splitlines()]
-        # (Not the incremental scenario's kernel: 4 and 5 configs, and the carried ones are not compiled.)
-        pre = [e for e in events if e["event"] == "precompile" and e["kernel"] != "_add_one_incr"]
+        # (Not the incremental scenario's kernel: 4 and 5 configs, and the carried ones are not compiled; nor
+        # the split screening's, with 8 and 4 configs.)
+        pre = [e for e in events if e["event"] == "precompile"
+               and e["kernel"] not in ("_add_one_incr", "_table_split", "_table_lockstep", "_add_one_fast")]
         # The ranks split every config; the execution that met the key ran one of this rank's meanwhile.
         assert pre and all(e["mine"] == [i for i in range(3) if i % world == r] for e in pre)
         # (At 4 ranks rank 3 has no config of its own to compile: it ran the first config meanwhile.)

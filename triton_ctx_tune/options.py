@@ -116,6 +116,7 @@ ENVIRONMENT: dict[str, Callable[[], object]] = {
     "TRITON_CTX_TUNE_SNAPSHOT_LIMIT_MB": env_snapshot_limit_mb,
     "TRITON_CTX_TUNE_FREEZE": lambda: _env_flag("TRITON_CTX_TUNE_FREEZE"),
     "TRITON_CTX_TUNE_CONFIRM": lambda: _env_flag("TRITON_CTX_TUNE_CONFIRM", default=True),
+    "TRITON_CTX_TUNE_SPLIT_SCREENING": lambda: _env_flag("TRITON_CTX_TUNE_SPLIT_SCREENING", default=True),
     "TRITON_CTX_TUNE_LOG_DIR": lambda: None,
     "TRITON_CTX_TUNE_CACHE_DIR": lambda: None,
     CONFIG_PATH_ENV: lambda: None,  # a missing directory on it is a warning when it is searched, not an error
@@ -180,6 +181,12 @@ class TuneOptions:
     # max(3, n_repeat) more slots each, and the decision uses those samples. None:
     # TRITON_CTX_TUNE_CONFIRM, on unless it is 0.
     confirm: bool | None = None
+    # Split screening (several ranks, early_stop on): the screening pass gives each rank a different
+    # share of a key's configs, so one execution screens W configs; the survivors are then timed in
+    # lockstep on every rank, and any dropped config whose one-rank screening time is within early_stop
+    # of the lockstep winner's is timed in lockstep too. None: TRITON_CTX_TUNE_SPLIT_SCREENING, on
+    # unless it is 0.
+    split_screening: bool | None = None
     # Executions in one end-to-end timed step (a point of a space, or objective="end_to_end"), back
     # to back on the stream, each between its own CUDA events. The first lines the ranks' GPUs up (a
     # collective in it waits for the last rank to arrive) and is not a sample; each later one is a
@@ -234,6 +241,9 @@ class TuneOptions:
         object.__setattr__(self, "_bucketing", None if self.buckets is None else Buckets(self.buckets))
         if self.freeze is not None and not isinstance(self.freeze, bool):
             raise InvalidOptionError("freeze", self.freeze, "True, False or None (None: TRITON_CTX_TUNE_FREEZE decides)")
+        if self.split_screening is not None and not isinstance(self.split_screening, bool):
+            raise InvalidOptionError("split_screening", self.split_screening, "True, False or None (None: "
+                                     "TRITON_CTX_TUNE_SPLIT_SCREENING decides, on unless it is 0)")
         if self.confirm is not None and not isinstance(self.confirm, bool):
             raise InvalidOptionError("confirm", self.confirm, "True, False or None (None: TRITON_CTX_TUNE_CONFIRM "
                                      "decides, on unless it is 0)")
@@ -417,6 +427,11 @@ class TuneOptions:
 
     def resolved_confirm(self) -> bool:
         return _env_flag("TRITON_CTX_TUNE_CONFIRM", default=True) if self.confirm is None else self.confirm
+
+    def resolved_split_screening(self) -> bool:
+        if self.split_screening is None:
+            return _env_flag("TRITON_CTX_TUNE_SPLIT_SCREENING", default=True)
+        return self.split_screening
 
     def resolved_freeze(self) -> bool:
         return _env_flag("TRITON_CTX_TUNE_FREEZE") if self.freeze is None else self.freeze

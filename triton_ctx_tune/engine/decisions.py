@@ -25,6 +25,7 @@ from .state import CONFIRM_ROUNDS, Choice, KeyState, Tunable, close_candidates, 
 TIE_CODES = {None: 1, "incumbent": 2, "config order": 3}
 TIE_BY_CODE = {code: how for how, code in TIE_CODES.items()}
 CONFIRM_CODE = 4  # a close candidate, re-timed before the key is decided
+READMIT_CODE = 5  # a config a split screening dropped, timed in lockstep after all
 
 if TYPE_CHECKING:
     from .services import StepServices
@@ -57,6 +58,13 @@ class Decisions:
         per_rank = torch.nan_to_num(per_rank, nan=math.inf, posinf=math.inf)
         reduced = per_rank.amax(0) if svc.opts.reduce == "max" else per_rank.mean(0)
         for i, s in enumerate(finishing):
+            if s.screening and s.split:  # each config was screened by one rank: its time is that rank's
+                reduced[i] = per_rank[:, i].amin(0)
+                s.screen_ms = reduced[i, : len(s.configs), 0].tolist()
+            elif s.split:  # the dropped configs keep their one-rank screening times (no other rank ran them)
+                for j in s.dropped:
+                    reduced[i, j] = per_rank[:, i, j].amin(0)
+        for i, s in enumerate(finishing):
             if isinstance(s, KeyState) and s.incremental is not None:
                 _carry_over(s, reduced[i], per_rank[:, i])
         # Rank 0 turns the reduced times into a keep-mask per state (a screening pass's survivors,
@@ -65,6 +73,8 @@ class Decisions:
         for i, s in enumerate(finishing):
             if s.screening and svc.early_stop:
                 keep[i, screen(self._times(s, reduced[i]), svc.early_stop)] = 1
+            elif readmit := self._to_readmit(s, reduced[i]):
+                keep[i, readmit] = READMIT_CODE
             elif (choice := self._choice(s, reduced[i], self._incumbent(s))) is not None:
                 close = self._to_confirm(s, choice, reduced[i])
                 if close:
@@ -90,7 +100,10 @@ class Decisions:
                     self._commit_point(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
             elif int(keep[i].max()) == CONFIRM_CODE:
                 self._confirm(s, kept, times)
-            elif s.screening and len(kept) > 1:
+            elif int(keep[i].max()) == READMIT_CODE:
+                s.readmit(kept)
+                self._log_readmit(s, kept, times)
+            elif s.screening and (len(kept) > 1 or s.split):  # a split's one survivor is still timed by all
                 if hold and s.point is not None:
                     s.hold(kept, best=min(kept, key=lambda j: float(times[j, 0])))
                 else:
@@ -104,6 +117,29 @@ class Decisions:
                 choice = self._choice(s, reduced[i], None)
                 how = TIE_BY_CODE.get(int(keep[i, kept[0]]))
                 self._commit(s, kept[0], times, per_rank[:, i, : len(s.configs), 0], choice, how)
+
+    def _to_readmit(self, s: Tunable, reduced: torch.Tensor) -> list[int]:
+        """Rank 0, after a split screening's survivors were timed in lockstep: the dropped configs whose
+        one-rank screening time is within early_stop of the lockstep winner's time. A config fast on its
+        screening rank only has a lockstep time that shows it; the configs it pushed out come back."""
+        factor = self.services.early_stop
+        if not s.split or s.screening or s.screen_ms is None or factor is None:
+            return []
+        live = [t for j, t in enumerate(reduced[: len(s.configs), 0].tolist()) if j not in s.dropped and math.isfinite(t)]
+        if not live:
+            return [j for j in sorted(s.dropped) if math.isfinite(s.screen_ms[j]) and j not in s.readmitted]
+        limit = factor * min(live)
+        return [j for j in sorted(s.dropped) if s.screen_ms[j] <= limit and j not in s.readmitted]
+
+    def _log_readmit(self, s: Tunable, kept: list[int], times: torch.Tensor) -> None:
+        svc = self.services
+        live = [float(times[j, 0]) for j in range(len(s.configs)) if j not in s.dropped and j not in kept]
+        assert s.screen_ms is not None
+        svc.log.write("readmit", f"readmit {_subject(s)}: configs {kept} (screened at "
+                      f"{', '.join(fmt_ms(s.screen_ms[j]) for j in kept)} on one rank) are within {svc.early_stop:g}x "
+                      f"of the lockstep best, {fmt_ms(min(live, default=math.inf))}: timed in lockstep too",
+                      **_subject_fields(s), configs=kept, screen_ms=[s.screen_ms[j] for j in kept],
+                      lockstep_best=min(live, default=None), factor=svc.early_stop)
 
     def _to_confirm(self, s: Tunable, choice: Choice, reduced: torch.Tensor) -> list[int]:
         """Rank 0: the close candidates a key re-times before its decision, or [] to decide now. Only
@@ -149,7 +185,8 @@ class Decisions:
         held = " (held until its point survives)" if s.held is not None else ""
         svc.log.write("screen", f"screen {what} kept {len(kept)}/{len(s.configs)} "
                       f"configs within {svc.early_stop:g}x of the best: {kept}{held}", **_subject_fields(s),
-                      kept=kept, factor=svc.early_stop, reduced=times[:, 0].tolist(), held=s.held is not None)
+                      kept=kept, factor=svc.early_stop, reduced=times[:, 0].tolist(), held=s.held is not None,
+                      split=s.split)
 
     def _commit_point(self, pts: PointTunable, winner: int, reduced: torch.Tensor, per_rank: torch.Tensor) -> None:
         svc = self.services
@@ -214,7 +251,7 @@ class Decisions:
                       executions=svc.stats.executions, tuning_s=s.tuning_s,
                       fastest=None if choice is None else choice.fastest, ties=None if choice is None else choice.ties,
                       band=None if choice is None else choice.band, spread=None if choice is None else choice.spread,
-                      tie_break=how, confirmed=s.confirmed)
+                      tie_break=how, confirmed=s.confirmed, split=s.split, readmitted=s.readmitted)
         svc.log.summary(f"{svc.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
                         f"({len(s.configs)} configs, {failed} failed, {len(s.dropped)} screened out, {over}, "
                         f"{s.tuning_s:.2f} s)")

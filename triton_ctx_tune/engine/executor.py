@@ -237,10 +237,16 @@ class Executor:
         self.services.ensure_header()
         key_id = lookup.id if lookup is not None else None
         plan = lookup.incremental if lookup is not None else None  # the same on every rank (the lookup's broadcast)
+        end_to_end = self.opts.objective == "end_to_end"
+        comm = self.services.comm
+        # Split screening needs launches timed alone (a whole step's time would mix the ranks' configs
+        # through their collectives) and no function-level space (its points hold kernels' survivors).
+        split = self.opts.resolved_split_screening() and comm.active and not end_to_end and self.assignment.point is None
         state = KeyState(autotuner=at, key=key, configs=configs, n_warmup=self.opts.n_warmup,
                          n_repeat=self.opts.n_repeat, kernel=kernel_name(at), early_stop=self.services.early_stop,
-                         point=self.assignment.point, end_to_end=self.opts.objective == "end_to_end",
-                         carried=plan.untimed if plan is not None else set(), incremental=plan)
+                         point=self.assignment.point, end_to_end=end_to_end,
+                         carried=plan.untimed if plan is not None else set(), incremental=plan,
+                         share=(comm.rank, comm.world) if split else None)
         for i in plan.carried_failed if plan is not None else ():
             state.fail(i, CARRIED_FAILURE)
         self.search.add(state)

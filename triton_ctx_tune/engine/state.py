@@ -69,12 +69,31 @@ class Tunable:
     carried: set[int] = field(default_factory=set)
     # Confirmation (decisions.py): the close candidates that were re-timed, interleaved, before the decision.
     confirmed: list[int] | None = None
+    # Split screening: (rank, world) when the ranks share the screening pass, each screening a different
+    # share of the configs in the same executions (the function still runs in lockstep).
+    share: tuple[int, int] | None = None
+    split: bool = False
+    screen_ms: list[float] | None = None  # each config's screening time, on the one rank that measured it
+    launched_here: set[int] = field(default_factory=set)  # split: the configs this rank has launched
+    readmitted: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.samples = [[] for _ in self.configs]
         self.screening = self.early_stop is not None and self.n_repeat > 1
         first = (self.screening_warmups(), 1) if self.screening else (self.n_warmup, self.n_repeat)
-        self._extend([c for c in range(len(self.configs)) if c not in self.carried], *first)
+        pool = [c for c in range(len(self.configs)) if c not in self.carried]
+        self.split = self.screening and self.share is not None and self.share[1] > 1 and len(pool) > 1
+        if not self.split:
+            self._extend(pool, *first)
+            return
+        # Rank r screens configs r, r+W, ...; a rank with a smaller share runs untimed launches of a config
+        # it has, so every rank takes the same number of slots and the executions stay in lockstep.
+        rank, world = self.share  # type: ignore[misc]
+        mine = pool[rank::world] or pool[:1]
+        self.launched_here = set(mine)
+        self._extend(mine if pool[rank::world] else [], *first)
+        for _ in range(sum(first) * (-(-len(pool) // world) - len(pool[rank::world]))):
+            self.plan.append(Slot(mine[0], sum(1 for s in self.plan if s.config == mine[0]), timed=False))
 
     def screening_warmups(self) -> int:
         """Warm-ups before a config's screening sample: one launch is enough to load and warm a kernel."""
@@ -122,9 +141,28 @@ class Tunable:
         """End the screening pass: only `survivors` get their remaining warm-ups and timed slots."""
         self.screening = False
         self.dropped = set(range(len(self.configs))) - set(survivors)
+        if self.split:
+            self._time_in_lockstep([c for c in survivors if c not in self.carried])
+            return
         # A precompiled config has been compiled, loaded and launched once: more warm-ups add nothing.
         warmups = 0 if self.precompiled else max(self.n_warmup - 1, 0)
         self._extend([c for c in survivors if c not in self.carried], warmups, self.n_repeat - 1, interleave=True)
+
+    def _time_in_lockstep(self, configs: list[int]) -> None:
+        """After a split screening: every rank takes the same slots of `configs`, round-robin, so every
+        rank's data counts and the executions stay in lockstep: as many as a lockstep screening's survivors
+        take (n_repeat - 1, at least 2). A rank's first slot of a config it did not screen is its warm-up
+        (loading the kernel); the rank that screened it times every slot and keeps its screening sample."""
+        done = {c: sum(1 for s in self.plan if s.config == c) for c in configs}
+        for i in range(max(self.n_repeat - 1, 2)):
+            self.plan += [Slot(c, done[c] + i, timed=i > 0 or c in self.launched_here) for c in configs]
+        self.launched_here.update(configs)
+
+    def readmit(self, configs: list[int]) -> None:
+        """A split screening's dropped configs that the survivors' lockstep times put back within reach."""
+        self.readmitted += configs
+        self.dropped -= set(configs)
+        self._time_in_lockstep(configs)
 
     def confirm(self, candidates: list[int], rounds: int) -> None:
         """Re-time the close candidates before deciding: `rounds` more timed slots each, round-robin, on

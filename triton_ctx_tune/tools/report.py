@@ -57,6 +57,8 @@ class KeyReport:
     tie_break: str | None = None
     shipped: str | None = None  # a cache hit read from a shipped config file: the file (or "shipped")
     confirmed: list[int] | None = None  # the close candidates re-timed, interleaved, before the decision
+    split: bool = False  # screened with each rank taking a share of the configs
+    readmitted: list[int] = field(default_factory=list)  # dropped by that screening, timed in lockstep after all
     # Incremental re-tuning (store/incremental.py): what was timed and carried over, and the scale.
     incremental: dict[str, Any] | None = None
     carried: list[int] = field(default_factory=list)  # configs whose times are carried over, not measured
@@ -169,6 +171,7 @@ def _from_decision(e: dict[str, Any], function: str | None) -> KeyReport:
     r.band, r.spread, r.ties = e.get("band"), e.get("spread"), list(e.get("ties") or [])
     r.fastest, r.tie_break = e.get("fastest"), e.get("tie_break")
     r.confirmed = e.get("confirmed")
+    r.split, r.readmitted = bool(e.get("split")), list(e.get("readmitted") or [])
     return r
 
 
@@ -306,6 +309,7 @@ IGNORED: dict[str, str] = {
     "slot": "raw samples; the decision carries their reduced statistics",
     "step": "raw end-to-end samples; the decision or point-decision carries their reduced statistics",
     "screen": "a screening pass's survivors; the decision that follows names the configs screened out",
+    "readmit": "configs a split screening dropped and lockstep timing brought back; the decision names them",
     "confirm": "the close candidates a key re-times; its decision names them (confirmed) with their times after",
     "point-failed": "a point's failure; the point-decision carries every point's failure",
     "validation": "each config's check; an invalid config fails in its key's decision with the reason",
@@ -401,6 +405,11 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
         decided = ("the fastest won" if r.tie_break is None else
                    f"the tie-break ({r.tie_break}) chose #{r.winner} over the fastest, #{r.fastest}")
         lines.append(f"  near-ties  band {r.band:.1%} (the fastest's spread {r.spread or 0:.1%}): {within}; {decided}")
+    if r.split:
+        back = (f"; #{', #'.join(map(str, r.readmitted))} dropped there, then timed in lockstep after all"
+                if r.readmitted else "")
+        lines.append(f"  screening  split over {r.world} ranks (one rank per config), survivors timed on every "
+                     f"rank{back}")
     if r.confirmed:
         lines.append(f"  {_confirmed_line(r)}")
     if r.incremental is not None:
