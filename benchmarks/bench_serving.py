@@ -170,33 +170,14 @@ def _flops(args: argparse.Namespace, world: int) -> Callable[[Any], float]:
     return lambda x: 4.0 * x.shape[0] * args.H * (args.I // world)
 
 
-def serve(arm: Arm, xs: dict[int, Any], order: list[int]) -> dict[str, Any]:
-    """The request stream: each call synchronized and timed on the host."""
-    import numpy as np
-
-    times, tuned_calls, stalled = [], 0, 0.0
-    for M in order:
-        arm.ranks.sync()
-        keys = arm.cached_keys()
-        t0 = time.perf_counter()
-        arm.fn(xs[M])
-        arm.ranks.sync()
-        dt = time.perf_counter() - t0
-        times.append(dt * 1e3)
-        if arm.tuned_on_last_call(keys):
-            tuned_calls += 1
-            stalled += dt
-    ms = np.array(times)
-    return {"requests": len(order), "tuning_calls_on_path": tuned_calls, "stall_s": stalled,
-            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max()),
-            "total_s": float(ms.sum() / 1e3)}
-
-
-def serve_interleaved(arms: list[Arm], xs: dict[int, Any], order: list[int]) -> dict[str, dict[str, Any]]:
+def serve(arms: list[Arm], xs: dict[int, Any], order: list[int]) -> dict[str, dict[str, Any]]:
+    """The request stream, each call synchronized and timed on the host; with several arms, interleaved
+    request by request, so that the machine's drift hits every arm alike."""
     import numpy as np
 
     times: dict[str, list[float]] = {arm.name: [] for arm in arms}
     tuned = {arm.name: 0 for arm in arms}
+    stalled = {arm.name: 0.0 for arm in arms}
     for M in order:
         for arm in arms:
             arm.ranks.sync()
@@ -204,10 +185,14 @@ def serve_interleaved(arms: list[Arm], xs: dict[int, Any], order: list[int]) -> 
             t0 = time.perf_counter()
             arm.fn(xs[M])
             arm.ranks.sync()
-            times[arm.name].append((time.perf_counter() - t0) * 1e3)
-            tuned[arm.name] += arm.tuned_on_last_call(keys)
-    return {name: {"requests": len(ms), "tuning_calls_on_path": tuned[name], "p50_ms": float(np.percentile(ms, 50)),
-                   "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(np.max(ms))} for name, ms in times.items()}
+            dt = time.perf_counter() - t0
+            times[arm.name].append(dt * 1e3)
+            if arm.tuned_on_last_call(keys):
+                tuned[arm.name] += 1
+                stalled[arm.name] += dt
+    return {name: {"requests": len(ms), "tuning_calls_on_path": tuned[name], "stall_s": stalled[name],
+                   "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+                   "max_ms": float(np.max(ms)), "total_s": float(np.sum(ms) / 1e3)} for name, ms in times.items()}
 
 
 def run(args: argparse.Namespace, ranks: Any) -> dict[str, Any]:
@@ -248,14 +233,14 @@ def run(args: argparse.Namespace, ranks: Any) -> dict[str, Any]:
         else:
             raise SystemExit(f"--arms: unknown arm {name!r}; expected fixed, fixed-autotuner, vanilla, ours or ahead")
         ranks.barrier()
-        rec.update(serve(arm, xs, order))
+        rec.update(serve([arm], xs, order)[arm.name])
         result["arms"][name] = rec
         arms[name] = arm
         ranks.log(f"arm {name}: {rec}")
 
     # Steady state: the same requests again, every shape met and compiled, the arms interleaved request by
     # request, so that the machine's drift (clocks, other tenants) hits every arm alike.
-    steady = serve_interleaved(list(arms.values()), xs, order)
+    steady = serve(list(arms.values()), xs, order)
     for name, rec in steady.items():
         result["arms"][name]["steady"] = rec
     ranks.log(f"steady: {steady}")

@@ -235,39 +235,22 @@ def scenario_early_stop() -> dict[str, Any]:
 TABLE = [200.0, 140.0, 100.0, 400.0, 120.0, 500.0, 300.0, 250.0]
 
 
-def _table_split(x_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
-
-
-def _table_lockstep(x_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
-
-
-def _add_one_fast(x_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
-
-
 def _table_configs() -> list[triton.Config]:
     return [_cfg(b, lambda a, ms=ms: ms) for b, ms in zip((16, 32, 64, 128, 256, 512, 1024, 2048), TABLE)]
 
 
-split_table = {True: triton.autotune(configs=_table_configs(), key=["n"])(triton.jit(_table_split)),
-               False: triton.autotune(configs=_table_configs(), key=["n"])(triton.jit(_table_lockstep))}
+# _add_one's kernel, each scenario on a size of its own (so the events of its key are its own).
+SPLIT_N = {True: 72, False: 80}
+FAST_ON_RANK0_N = 88
+split_table = {split: _tuned(_table_configs()) for split in SPLIT_N}
 # Config #0 is fast on rank 0 only, which screens it; 32 (100 ms) is the true winner, 1024 never comes back.
-fast_on_rank0 = triton.autotune(configs=[_cfg(16, lambda a: 0.0 if rank() == 0 else 300.0), _cfg(32, lambda a: 100.0),
-                                         _cfg(64, lambda a: 110.0), _cfg(1024, lambda a: 1000.0)],
-                                key=["n"])(triton.jit(_add_one_fast))
+fast_on_rank0 = _tuned([_cfg(16, lambda a: 0.0 if rank() == 0 else 300.0), _cfg(32, lambda a: 100.0),
+                        _cfg(64, lambda a: 110.0), _cfg(1024, lambda a: 1000.0)])
 
 
-def _decision(name: str) -> dict[str, Any]:
+def _decision(n: int) -> dict[str, Any]:
     log = Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"]) / f"rank-{rank()}.jsonl"
-    events = [e for line in log.read_text().splitlines() if (e := json.loads(line)).get("kernel") == name]
+    events = [e for line in log.read_text().splitlines() if (e := json.loads(line)).get("key", [None])[:1] == [n]]
     (*_, last) = (e for e in events if e["event"] == "decision")
     return {"decision": {k: last[k] for k in ("winner", "split", "readmitted", "screened_out")},
             "screens": [e["kept"] for e in events if e["event"] == "screen"]}
@@ -277,17 +260,18 @@ def scenario_split_table() -> dict[str, Any]:
     """The same cost table with the ranks sharing the screening, then in lockstep: the same winner."""
     out = {}
     for split, kernel in split_table.items():
-        result = _tune_add_one(kernel, cache=False, n_warmup=1, n_repeat=3, early_stop=1.5, split_screening=split,
-                               confirm=False)
-        out["split" if split else "lockstep"] = {**result, **_decision(kernel.base_fn.__name__)}
+        result = _tune_add_one(kernel, SPLIT_N[split], cache=False, n_warmup=1, n_repeat=3, early_stop=1.5,
+                               split_screening=split, confirm=False)
+        out["split" if split else "lockstep"] = {**result, **_decision(SPLIT_N[split])}
     return out
 
 
 def scenario_fast_on_one_rank() -> dict[str, Any]:
     """#0 survives its one-rank screening alone; its lockstep time (the slowest rank's, 300 ms) shows the truth,
     and the configs it pushed out within 1.5x of that come back: 32 (100 ms) wins, 1024 (1000 ms) stays out."""
-    result = _tune_add_one(fast_on_rank0, cache=False, n_warmup=1, n_repeat=3, early_stop=1.5, confirm=False)
-    return {**result, **_decision("_add_one_fast")}
+    result = _tune_add_one(fast_on_rank0, FAST_ON_RANK0_N, cache=False, n_warmup=1, n_repeat=3, early_stop=1.5,
+                           confirm=False)
+    return {**result, **_decision(FAST_ON_RANK0_N)}
 
 
 def scenario_near_tie() -> dict[str, Any]:
