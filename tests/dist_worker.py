@@ -219,6 +219,14 @@ def scenario_one_rank_fails() -> dict[str, Any]:
     return {**result, "inf": sorted(b for b, t in timings.items() if t == float("inf"))}
 
 
+def scenario_one_rank_fails_split() -> dict[str, Any]:
+    """As one_rank_fails, with a split screening: 64 fails on rank 1 whichever rank screens it."""
+    kernel = _tuned([_cfg(16, lambda a: 60.0), _cfg(32, lambda a: 20.0), _cfg(64, fail_on_rank1=True)])
+    result = _tune_add_one(kernel, 96, cache=False, n_warmup=1, n_repeat=3, early_stop=1.5, confirm=False)
+    timings = {c.kwargs["BLOCK"]: t[0] for c, t in autotuner(kernel).configs_timings.items()}
+    return {**result, "inf": sorted(b for b, t in timings.items() if t == float("inf")), **_decision(96)}
+
+
 def scenario_skew_max() -> dict[str, Any]:
     return _tune_add_one(skewed_max, reduce="max")
 

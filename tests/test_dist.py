@@ -14,7 +14,7 @@ pytestmark = pytest.mark.dist
 
 ROOT = Path(__file__).resolve().parents[1]
 NORMAL = ["agree", "one_rank_fails", "skew_max", "skew_mean", "near_tie", "incremental", "early_stop",
-          "split_table", "fast_on_one_rank", "all_fail_on_rank1", "mismatch", "backward", "backward_checkpoint"]
+          "split_table", "fast_on_one_rank", "one_rank_fails_split", "all_fail_on_rank1", "mismatch", "backward", "backward_checkpoint"]
 DEADLINE_S = 600
 
 
@@ -161,6 +161,17 @@ def test_a_config_fast_on_its_screening_rank_only_is_rejected_by_the_lockstep_ti
         assert r["executions"] == -(-4 // world) * 2 + 2 + 2 * 2 + 1
 
 
+def test_a_config_failing_on_one_rank_is_excluded_after_a_split_screening(normal_runs):
+    world, results, _ = normal_runs
+    rows = results["one_rank_fails_split"]
+    _no_errors(rows)
+    assert all(r["ok"] and r["blocks"] == {"(96, 'torch.float32')": 32} for r in rows), rows
+    # Rank 0 screens 16 and 64 at 2 ranks (64 works there: it survives, then fails on rank 1 in lockstep);
+    # at 4 ranks rank 2 screens 64 and survives it too. Either way its time is inf on every rank.
+    assert all(r["inf"] == [64] and r["decision"]["split"] is True and r["decision"]["winner"] == 1 for r in rows)
+    assert len({r["executions"] for r in rows}) == 1
+
+
 def test_ranks_split_the_precompilation(normal_runs):
     world, _, out = normal_runs
     for r in range(world):
@@ -168,7 +179,7 @@ def test_ranks_split_the_precompilation(normal_runs):
         # (Not the incremental scenario's kernel: 4 and 5 configs, and the carried ones are not compiled; nor
         # the split screening's, with 8 and 4 configs.)
         pre = [e for e in events if e["event"] == "precompile" and e["kernel"] != "_add_one_incr"
-               and e["key"][0] not in (72, 80, 88)]
+               and e["key"][0] not in (72, 80, 88, 96)]
         # The ranks split every config; the execution that met the key ran one of this rank's meanwhile.
         assert pre and all(e["mine"] == [i for i in range(3) if i % world == r] for e in pre)
         # (At 4 ranks rank 3 has no config of its own to compile: it ran the first config meanwhile.)
