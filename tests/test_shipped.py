@@ -294,3 +294,21 @@ def test_two_ranks_rank0_reads_the_shipped_file_and_both_run_its_winner(tmp_path
             for r in range(2)]
     sources = [[e["source"] for e in rows if e["event"] == "cache-hit"] for rows in hits]
     assert sources == [[str(path)], ["shipped"]]
+
+
+def test_freeze_borrows_the_nearest_shipped_key_when_the_users_cache_has_none(tmp_path):
+    cache, path, _ = tune_and_ship(tmp_path)  # n=64: BLOCK 32 (16 is declared slow)
+    shutil.rmtree(cache)
+    kernel = fresh_kernel()
+    op = make_op(kernel, cache_dir=cache, config_path=path.parent, freeze=True)
+    x = torch.arange(100, dtype=torch.float32, device=DEVICE)
+    torch.testing.assert_close(op(x), x + 1)
+    # Never tuned: the shipped n=64 entry is the nearest tuned key, so its winner runs, not the first config.
+    assert op.last_call.executions == 1 and op.last_call.tuned == []
+    assert chosen(kernel) == {(100, "torch.float32"): 32}
+    (miss,) = events(tmp_path, "freeze-miss")
+    assert miss["nearest"] == "(64, 'torch.float32')" and miss["config_index"] == 1
+    # Without the shipped file nothing is near: the first config, BLOCK 16.
+    kernel = fresh_kernel()
+    torch.testing.assert_close(make_op(kernel, cache_dir=cache, freeze=True)(x), x + 1)
+    assert chosen(kernel) == {(100, "torch.float32"): 16}

@@ -22,7 +22,7 @@ from ..runtime.compat import (Autotuner, compile_only, config_failure_reason, co
                               launch_config, prune_configs, reset_before_final_launch, restores, tuning_key)
 from ..runtime.buckets import key_by_name, nearest
 from ..runtime.patch import original_run
-from ..store.cache import Lookup, entry_id, identity, tuned_neighbours
+from ..store.cache import Lookup, entry_id, identity
 from ..store.incremental import CARRIED_FAILURE
 from ..tools.logs import fmt_ms
 from .exactly_once import paused
@@ -206,8 +206,8 @@ class Executor:
         """freeze: a key with no tuned result runs the winner of the nearest tuned key of its kernel, else
         the first config, and is never tuned. Rank 0 chooses (it alone reads the cache) for every rank."""
         winners = {k: config_str(c) for k, c in list(at.cache.items()) if isinstance(k, tuple)}
-        if lookup is not None and self.services.cache is not None and self.services.cache.reads_and_writes:
-            for text, config in tuned_neighbours(self.services.cache.directory, lookup.identity).items():
+        if lookup is not None and self.services.cache is not None:
+            for text, config in self.services.cache.neighbours(lookup.identity).items():
                 with contextlib.suppress(ValueError, SyntaxError):
                     winners.setdefault(ast.literal_eval(text), config)
         names = [config_str(c) for c in configs]

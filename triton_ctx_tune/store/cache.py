@@ -39,7 +39,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection, Iterator, Protocol, Sequence
+from typing import Any, Collection, Iterable, Iterator, Protocol, Sequence
 
 import torch
 
@@ -504,6 +504,8 @@ class ShippedSource(Protocol):
 
     def kernel_others(self, kernel: str, key: str) -> list[Any]: ...
 
+    def kernel_entries(self, kernel: str) -> list[Any]: ...
+
 
 @dataclass
 class Lookup:
@@ -582,6 +584,16 @@ class TuningCache:
                 mine = incremental.to_tensor() if incremental is not None else Plan.blank_tensor(len(configs), ident["world"])
                 incremental = Plan.from_tensor(self.comm.broadcast_from_root(mine, "broadcast the incremental plan"), removed)
         return Lookup(ident, eid, path, hit, winner, entry, stale, source, incremental)
+
+    def neighbours(self, ident: dict[str, Any]) -> dict[str, str]:
+        """Rank 0: the tuned keys a frozen call may borrow from (key repr -> winner config): the user's cache
+        first, then the shipped config files (the same precedence as a lookup)."""
+        found = tuned_neighbours(self.directory, ident) if self.reads_and_writes else {}
+        if self.reads_and_writes and self.shipped is not None:
+            for key, config in same_but_key((s.entry for s in self.shipped.kernel_entries(ident["kernel"])),
+                                            ident).items():
+                found.setdefault(key, config)
+        return found
 
     def _load_shipped(self, eid: str, configs: Sequence[Config]) -> Any:
         """The shipped entry of exactly this identity, if its winner is one of the live configs."""
@@ -670,16 +682,24 @@ def tuned_neighbours(directory: Path, ident: dict[str, Any]) -> dict[str, str]:
     What a frozen call may borrow from for a key it has no result for (the nearest one): an entry
     tuned for other configs, another Triton or another device is no evidence for this one."""
     prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", ident["kernel"])[:80] + "-"
+
+    def entries() -> Iterator[dict[str, Any]]:
+        for path in entry_paths(directory):
+            if path.name.startswith(prefix):
+                try:
+                    yield read_entry(path)
+                except (FileNotFoundError, CacheEntryError):
+                    continue  # a damaged entry is reported when its own key is looked up
+    return same_but_key(entries(), ident)
+
+
+def same_but_key(entries: Iterable[dict[str, Any]], ident: dict[str, Any]) -> dict[str, str]:
+    """Of `entries`, those whose identity is `ident`'s but for the key: key repr -> winner config (the first
+    entry of a key wins)."""
     same = canonical({k: v for k, v in ident.items() if k != "key"})
     found: dict[str, str] = {}
-    for path in entry_paths(directory):
-        if not path.name.startswith(prefix):
-            continue
-        try:
-            entry = read_entry(path)
-        except (FileNotFoundError, CacheEntryError):
-            continue  # a damaged entry is reported when its own key is looked up
+    for entry in entries:
         other = entry["identity"]
-        if canonical({k: v for k, v in other.items() if k != "key"}) == same:
-            found[other["key"]] = entry["winner"]["config"]
+        if other.get("kernel") == ident["kernel"] and canonical({k: v for k, v in other.items() if k != "key"}) == same:
+            found.setdefault(other["key"], entry["winner"]["config"])
     return found

@@ -187,6 +187,10 @@ class ShippedConfigs:
         """Entries of this kernel and key (any identity), for saying why none applies."""
         return [s for f in self.files() for s in f.kernel_keys.get((kernel, key), [])]
 
+    def kernel_entries(self, kernel: str) -> list[Shipped]:
+        """Every entry of this kernel, any key, in search order (freeze borrows the nearest key's winner)."""
+        return [s for f in self.files() for (k, _), entries in f.kernel_keys.items() if k == kernel for s in entries]
+
     def function(self, eid: str) -> Shipped | None:
         return next((f.functions[eid] for f in self.files() if eid in f.functions), None)
 
