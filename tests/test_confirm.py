@@ -13,7 +13,7 @@ import pytest
 import torch
 import triton
 
-from tests.kernels import DEVICE, SLOW_MS, add_one_, block_configs, chosen, costly, grid, spend
+from tests.kernels import DEVICE, SLOW_MS, add_one_, block_configs, chosen, costly, grid
 from triton_ctx_tune import contextual_autotune
 from triton_ctx_tune.engine.state import CONFIRM_CAP, CONFIRM_FLOOR, close_candidates, stable_winner
 from triton_ctx_tune.tools.report import build, format_report
@@ -121,58 +121,3 @@ def test_online_calls_confirm_too():
     assert chosen(kernel) == {(N, "torch.float32"): 32}
     (confirm,) = _events("confirm")
     assert confirm["candidates"] == [0, 1]
-
-
-# ---- contended keys are confirmed end to end (objective "auto") ------------------------------------------
-
-_slows_the_rest = {"on": False}
-
-
-def _contended(block: int, base: float, hogs: bool) -> triton.Config:
-    """Per-launch cost base x 0.8, 1.2, 1.0, ... (the spread of a kernel that shares the GPU with another
-    stream's work); `hogs`: the rest of the step runs 50% of base slower after it (it starves that work)."""
-    launches = [0]
-
-    def hook(nargs: dict[str, Any]) -> None:
-        _slows_the_rest["on"] = hogs
-        launches[0] += 1
-        costly(lambda a: base * (0.8, 1.2, 1.0)[launches[0] % 3])(nargs)
-
-    return triton.Config({"BLOCK": block}, num_warps=4, pre_hook=hook)
-
-
-def _overlapping(objective: str) -> tuple[Any, Any]:
-    kernel = _kernel([_contended(64, BIG, hogs=True), _contended(32, 1.04 * BIG, hogs=False)])
-
-    @contextual_autotune(**FAST, objective=objective)
-    def op(x):
-        kernel[grid(N)](x, N)
-        if _slows_the_rest["on"]:
-            spend(0.5 * BIG)  # the communication the hogging config delayed
-        return x
-
-    op(torch.zeros(N, device=DEVICE))
-    return kernel, op.last_call
-
-
-def test_a_contended_key_is_confirmed_end_to_end_and_the_config_that_slows_the_call_loses():
-    kernel, call = _overlapping("auto")  # the default
-    assert chosen(kernel) == {(N, "torch.float32"): 32}
-    (confirm,) = _events("confirm")
-    assert confirm["candidates"] == [0, 1] and confirm["end_to_end"] is True and confirm["spread"] > 0.1
-    decision = _events("decision")[-1]
-    assert decision["end_to_end"] is True and decision["confirmed"] == [0, 1] and decision["winner"] == 1
-    # Per launch 64 is 4% faster; end to end it costs the call 50% of its time more.
-    assert decision["reduced"][0] / decision["reduced"][1] == pytest.approx(1.5 / 1.04, rel=0.05)
-    # The schedule (2 configs x 4 slots), then 2 candidates x 3 rounds, one end-to-end step each, the final run.
-    assert call.executions == 2 * SLOTS + 2 * 3 + 1
-    text = format_report(build(Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"])))
-    assert "confirmed  #0, #1 (contended: end to end) re-timed interleaved before the decision: #1 ahead by" in text
-
-
-def test_per_launch_keeps_its_meaning_and_judges_each_launch_alone():
-    kernel, call = _overlapping("per_launch")
-    assert chosen(kernel) == {(N, "torch.float32"): 64}
-    (confirm,) = _events("confirm")  # still confirmed, per launch
-    assert confirm["end_to_end"] is False and _events("decision")[-1]["end_to_end"] is False
-    assert call.executions == 2 * SLOTS + 2 * 3 + 1

@@ -164,14 +164,11 @@ class Tunable:
         self.dropped -= set(configs)
         self._time_in_lockstep(configs)
 
-    def confirm(self, candidates: list[int], rounds: int, end_to_end: bool = False) -> None:
+    def confirm(self, candidates: list[int], rounds: int) -> None:
         """Re-time the close candidates before deciding: `rounds` more timed slots each, round-robin, on
         fresh samples, so that they are compared over the same stretch of time and no earlier drift
-        (a warm-up that ran long, clocks that settled) separates them. With `end_to_end`, each slot is a
-        whole step timed end to end: what the candidate does to the rest of the call counts too."""
+        (a warm-up that ran long, clocks that settled) separates them."""
         self.confirmed = list(candidates)
-        if end_to_end:
-            self.end_to_end = True
         for c in candidates:
             self.samples[c] = []
         self._extend(candidates, 0, rounds, interleave=True)
@@ -312,29 +309,11 @@ CONFIRM_CAP = 0.10
 CONFIRM_ROUNDS = 3
 
 
-# A key is contended when its fastest config's own per-launch samples spread by more than
-# CONTENDED_SPREAD of their median (and CONTENDED_MS): a kernel alone on the GPU repeats its time within a
-# few percent, one that shares the GPU with work on other streams (an all-gather it overlaps) does not.
-# Its candidates within CONTENDED_FACTOR times that spread (at most CONTENDED_CAP) are confirmed end to end.
-CONTENDED_SPREAD = 0.10
-CONTENDED_MS = 0.005
-CONTENDED_FACTOR = 2.0
-CONTENDED_CAP = 0.25
-
-
-def close_candidates(choice: Choice, times: list[float], contended: bool = False) -> tuple[list[int], float]:
+def close_candidates(choice: Choice, times: list[float]) -> tuple[list[int], float]:
     """The configs close enough to the fastest that one more, interleaved, look may reorder them."""
-    if contended:
-        band = min(CONTENDED_CAP, max(CONFIRM_FLOOR, CONTENDED_FACTOR * choice.spread))
-    else:
-        band = min(CONFIRM_CAP, max(CONFIRM_FLOOR, CONFIRM_FACTOR * choice.band))
+    band = min(CONFIRM_CAP, max(CONFIRM_FLOOR, CONFIRM_FACTOR * choice.band))
     best = times[choice.fastest]
     return [i for i, t in enumerate(times) if math.isfinite(t) and t <= best * (1 + band)], band
-
-
-def is_contended(choice: Choice, times: list[float]) -> bool:
-    """Whether the fastest config's per-launch samples vary as a kernel's do when other streams are busy."""
-    return choice.spread > CONTENDED_SPREAD and choice.spread * times[choice.fastest] > CONTENDED_MS
 
 
 def screen(times: list[float], factor: float) -> list[int]:
