@@ -1,6 +1,7 @@
 """Can per-launch timings tell a kernel that overlaps another stream's work from one alone? A memory-bound
 kernel tuned alone, then while a side stream runs a copy of varying length that overlaps it (a stand-in for
-an all-gather on another stream), under objective="per_launch" and "end_to_end".
+an all-gather on another stream), under objective="auto" (the default: per launch, and end to end for a key
+that overlapped another stream's work), "per_launch" and "end_to_end".
 
     python3 benchmarks/contention_probe.py     (one GPU; prints one JSON line per case)
 
@@ -70,7 +71,7 @@ def case(name: str, objective: str, contended: bool) -> dict[str, Any]:
 def main() -> None:
     print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}))
     for name, contended in (("alone", False), ("overlapped", True)):
-        for objective in ("per_launch", "end_to_end"):
+        for objective in ("auto", "per_launch", "end_to_end"):
             print(json.dumps(case(name, objective, contended)), flush=True)
 
 

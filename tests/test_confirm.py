@@ -13,7 +13,7 @@ import pytest
 import torch
 import triton
 
-from tests.kernels import DEVICE, SLOW_MS, add_one_, block_configs, chosen, costly, grid
+from tests.kernels import DEVICE, SLOW_MS, add_one_, block_configs, chosen, costly, grid, spend
 from triton_ctx_tune import contextual_autotune
 from triton_ctx_tune.engine.state import CONFIRM_CAP, CONFIRM_FLOOR, close_candidates, stable_winner
 from triton_ctx_tune.tools.report import build, format_report
@@ -121,3 +121,58 @@ def test_online_calls_confirm_too():
     assert chosen(kernel) == {(N, "torch.float32"): 32}
     (confirm,) = _events("confirm")
     assert confirm["candidates"] == [0, 1]
+
+
+# ---- objectives: only "auto" (the default) confirms end to end, and only a key that overlapped another
+# stream's work (runtime/streams.py, GPU: tests/test_gpu.py); without CUDA no stream is ever busy --------------
+
+_slows_the_rest = {"on": False}
+
+
+def _noisy(block: int, base: float, hogs: bool) -> triton.Config:
+    """Per-launch cost base x 0.8, 1.2, 1.0, ...; `hogs`: the rest of the step runs 50% of base slower after it
+    (what starving an overlapped all-gather does to the call, which per-launch times cannot see)."""
+    launches = [0]
+
+    def hook(nargs: dict[str, Any]) -> None:
+        _slows_the_rest["on"] = hogs
+        launches[0] += 1
+        costly(lambda a: base * (0.8, 1.2, 1.0)[launches[0] % 3])(nargs)
+
+    return triton.Config({"BLOCK": block}, num_warps=4, pre_hook=hook)
+
+
+def _overlapping(objective: str) -> tuple[Any, Any]:
+    kernel = _kernel([_noisy(64, BIG, hogs=True), _noisy(32, 1.04 * BIG, hogs=False)])
+
+    @contextual_autotune(**FAST, objective=objective)
+    def op(x):
+        kernel[grid(N)](x, N)
+        if _slows_the_rest["on"]:
+            spend(0.5 * BIG)
+        return x
+
+    op(torch.zeros(N, device=DEVICE))
+    return kernel, op.last_call
+
+
+def test_the_default_objective_is_auto_and_a_key_no_stream_overlaps_is_confirmed_per_launch():
+    kernel, call = _overlapping("auto")
+    assert chosen(kernel) == {(N, "torch.float32"): 64}  # per launch 4% faster; no other stream was busy
+    (confirm,) = _events("confirm")
+    assert confirm["end_to_end"] is False and _events("decision")[-1]["end_to_end"] is False
+    assert call.executions == 2 * SLOTS + 2 * 3 + 1
+
+
+def test_end_to_end_judges_the_call_and_finds_the_config_that_slows_it():
+    kernel, call = _overlapping("end_to_end")
+    assert chosen(kernel) == {(N, "torch.float32"): 32}  # 1.04 against 1.5 for the call
+    assert _events("confirm") == [] and _events("decision")[-1]["end_to_end"] is True
+
+
+def test_per_launch_keeps_its_meaning_and_judges_each_launch_alone():
+    kernel, call = _overlapping("per_launch")
+    assert chosen(kernel) == {(N, "torch.float32"): 64}
+    (confirm,) = _events("confirm")  # still confirmed, per launch
+    assert confirm["end_to_end"] is False and _events("decision")[-1]["end_to_end"] is False
+    assert call.executions == 2 * SLOTS + 2 * 3 + 1

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -141,3 +142,54 @@ def test_a_head_start_keeps_the_hosts_launch_latency_out_of_an_end_to_end_sample
     idle, ahead = sample(0.0), sample(0.010)
     assert idle >= 2.5 and ahead < 1.0, (idle, ahead)
     assert torch.equal(x, torch.full_like(x, 5.0))
+
+
+def _scale(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(dst + offs, tl.load(src + offs, mask=mask) * 2, mask=mask)
+
+
+def _scale_kernel() -> Any:
+    """A fresh Autotuner (its own cache) over _scale: memory-bound configs close to each other."""
+    return triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((1024, 4), (2048, 4),
+                                                                                         (4096, 8))],
+                           key=["n"])(triton.jit(_scale))
+
+
+def _side_stream_op(kernel: Any, overlap: bool) -> Any:
+    """y = 2x; with `overlap`, a 512 MB copy is queued on a side stream just before the launch (a stand-in
+    for an all-gather the kernel overlaps), and the call waits for it at the end."""
+    n = 1 << 26
+    side = torch.cuda.Stream()
+    src, dst = torch.randn(1 << 27, device="cuda"), torch.empty(1 << 27, device="cuda")
+
+    @contextual_autotune(n_warmup=2, n_repeat=5)  # the default objective, "auto"
+    def op(x: torch.Tensor):
+        y = torch.empty_like(x)
+        if overlap:
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                dst.copy_(src)
+        kernel[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, y, n)
+        torch.cuda.current_stream().wait_stream(side)
+        return y
+
+    x = torch.randn(n, device="cuda")
+    torch.testing.assert_close(op(x), 2 * x)
+    return op
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_key_that_overlaps_a_side_streams_work_is_confirmed_end_to_end(tmp_path, overlap):
+    _side_stream_op(_scale_kernel(), overlap)
+    events = _events(tmp_path)
+    (decision,) = [e for e in events if e["event"] == "decision"]
+    confirms = [e for e in events if e["event"] == "confirm"]
+    assert decision["end_to_end"] is overlap
+    assert all(c["end_to_end"] is overlap for c in confirms)
+    if overlap:  # memory-bound configs within 15% of each other per launch: at least two are confirmed
+        assert len(confirms) == 1 and len(confirms[0]["candidates"]) >= 2
+    # The patch on torch.cuda.set_stream is gone after the call.
+    from triton_ctx_tune.runtime import streams
+    assert streams._watchers == 0 and torch.cuda.set_stream.__module__ == "torch.cuda"

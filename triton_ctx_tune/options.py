@@ -17,7 +17,7 @@ from .tools.logs import DEFAULT_LOG_DIR
 
 REDUCTIONS = ("max", "mean")
 STATISTICS = ("median", "mean", "min")
-OBJECTIVES = ("per_launch", "end_to_end")
+OBJECTIVES = ("auto", "per_launch", "end_to_end")
 
 
 def _env_float(name: str, default: float) -> float:
@@ -174,8 +174,10 @@ class TuneOptions:
     # it); "end_to_end" times whole executions of the function, one key varying per step while the
     # others run their best so far, so that kernels overlapped on different streams are judged
     # together, contention included. Costs one step (e2e_runs executions when timed) per slot instead
-    # of one launch.
-    objective: str = "per_launch"
+    # of one launch. "auto" (the default) times per launch, and confirms a key that overlapped another
+    # stream's work (runtime/streams.py) end to end, for its close candidates only (engine/decisions.py);
+    # re-execution only: online calls confirm per launch.
+    objective: str = "auto"
     # Confirmation of close candidates: before a key timed per launch is decided, the configs within
     # a few percent of the fastest (twice the tie band, 3% to 10%) are re-timed, interleaved, in
     # max(3, n_repeat) more slots each, and the decision uses those samples. None:
@@ -329,7 +331,7 @@ class TuneOptions:
             raise InvalidOptionError("online", self.online, "True or False")
         if self.online:
             for name, value, why in (("validate", self.validate, "validation compares re-executions of one call"),
-                                     ("objective", self.objective != "per_launch", "an end-to-end sample is a "
+                                     ("objective", self.objective == "end_to_end", "an end-to-end sample is a "
                                       "whole execution per config"),
                                      ("cuda_graph", self.cuda_graph, "a graph replay runs each launch several times")):
                 if value:

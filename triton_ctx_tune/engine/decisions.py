@@ -25,6 +25,7 @@ from .state import CONFIRM_ROUNDS, Choice, KeyState, Tunable, close_candidates, 
 TIE_CODES = {None: 1, "incumbent": 2, "config order": 3}
 TIE_BY_CODE = {code: how for how, code in TIE_CODES.items()}
 CONFIRM_CODE = 4  # a close candidate, re-timed before the key is decided
+CONFIRM_E2E_CODE = 6  # the same, timed end to end: the key overlapped another stream's work
 READMIT_CODE = 5  # a config a split screening dropped, timed in lockstep after all
 
 if TYPE_CHECKING:
@@ -76,9 +77,9 @@ class Decisions:
             elif readmit := self._to_readmit(s, reduced[i]):
                 keep[i, readmit] = READMIT_CODE
             elif (choice := self._choice(s, reduced[i], self._incumbent(s))) is not None:
-                close = self._to_confirm(s, choice, reduced[i])
+                close, end_to_end = self._to_confirm(s, choice, reduced[i])
                 if close:
-                    keep[i, close] = CONFIRM_CODE
+                    keep[i, close] = CONFIRM_E2E_CODE if end_to_end else CONFIRM_CODE
                 else:
                     keep[i, choice.winner] = TIE_CODES[choice.tie_break]
         keep = svc.comm.broadcast_from_root(keep, "broadcast decisions")
@@ -98,8 +99,8 @@ class Decisions:
                     self._log_screen(s, kept, times)
                 else:
                     self._commit_point(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
-            elif int(keep[i].max()) == CONFIRM_CODE:
-                self._confirm(s, kept, times)
+            elif int(keep[i].max()) in (CONFIRM_CODE, CONFIRM_E2E_CODE):
+                self._confirm(s, kept, times, end_to_end=int(keep[i].max()) == CONFIRM_E2E_CODE)
             elif int(keep[i].max()) == READMIT_CODE:
                 s.readmit(kept)
                 self._log_readmit(s, kept, times)
@@ -141,27 +142,33 @@ class Decisions:
                       **_subject_fields(s), configs=kept, screen_ms=[s.screen_ms[j] for j in kept],
                       lockstep_best=min(live, default=None), factor=svc.early_stop)
 
-    def _to_confirm(self, s: Tunable, choice: Choice, reduced: torch.Tensor) -> list[int]:
-        """Rank 0: the close candidates a key re-times before its decision, or [] to decide now. Only
-        once per key, per launch (an end-to-end slot costs a whole step), and only configs measured
-        in this call (carried-over times have no samples to compare)."""
-        if not (isinstance(s, KeyState) and self.services.opts.resolved_confirm()) or s.confirmed is not None \
-                or s.end_to_end:
-            return []
-        close, _ = close_candidates(choice, self._times(s, reduced))
+    def _to_confirm(self, s: Tunable, choice: Choice, reduced: torch.Tensor) -> tuple[list[int], bool]:
+        """Rank 0: the close candidates a key re-times before its decision ([] to decide now), and whether
+        end to end. Once per key, for keys timed per launch, and only configs measured in this call
+        (carried-over times have no samples to compare). A key that overlapped another stream's work
+        (objective "auto", re-execution: an end-to-end sample is a whole step) is confirmed on the call's
+        time, as objective="end_to_end" would judge it, but for its few close candidates only. Rank 0's
+        own view of the overlap decides, for every rank."""
+        opts = self.services.opts
+        if not (isinstance(s, KeyState) and opts.resolved_confirm()) or s.confirmed is not None or s.end_to_end:
+            return [], False
+        end_to_end = s.overlapped and opts.objective == "auto" and not opts.online and not opts.cuda_graph
+        close, _ = close_candidates(choice, self._times(s, reduced), overlapped=end_to_end)
         close = [j for j in close if j not in s.carried]
-        return close if len(close) > 1 else []
+        return (close, end_to_end) if len(close) > 1 else ([], False)
 
-    def _confirm(self, s: Tunable, kept: list[int], times: torch.Tensor) -> None:
+    def _confirm(self, s: Tunable, kept: list[int], times: torch.Tensor, end_to_end: bool) -> None:
         svc = self.services
         rounds = max(CONFIRM_ROUNDS, s.n_repeat)
-        s.confirm(kept, rounds)
+        s.confirm(kept, rounds, end_to_end)
         best = min(float(times[j, 0]) for j in kept)
         margins = {j: float(times[j, 0]) / best - 1 for j in kept}
+        how = "end to end (it overlapped another stream's work)" if end_to_end else "per launch"
         svc.log.write("confirm", f"confirm {_subject(s)}: {len(kept)} close candidates {kept} "
-                      f"(within {max(margins.values()):.1%} of the fastest) re-timed interleaved, {rounds} more "
-                      f"slots each", **_subject_fields(s), candidates=kept, rounds=rounds,
-                      reduced=[float(times[j, 0]) for j in kept], margins=[margins[j] for j in kept])
+                      f"(within {max(margins.values()):.1%} of the fastest) re-timed interleaved, {how}, {rounds} "
+                      f"more slots each", **_subject_fields(s), candidates=kept, rounds=rounds,
+                      reduced=[float(times[j, 0]) for j in kept], margins=[margins[j] for j in kept],
+                      end_to_end=end_to_end)
 
     @staticmethod
     def _times(s: Tunable, reduced: torch.Tensor) -> list[float]:

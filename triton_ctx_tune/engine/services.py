@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 
+from ..runtime import streams
 from ..runtime.collectives import Collectives
 from ..runtime.timing import CudaEventTimer, HostTimer, make_timer
 from ..store.cache import TuningCache, resolve_dir
@@ -35,6 +36,14 @@ class CallServices:
     def __init__(self, function: str, opts: TuneOptions) -> None:
         self.function, self.opts = function, opts
         self.logged_header = False
+        # Re-execution notes the streams the function works on: a key that overlaps their work is confirmed
+        # end to end under objective="auto" (decisions.py). Online calls cannot time a step end to end.
+        self._unwatch = streams.watch() if not opts.online and opts.objective == "auto" else (lambda: None)
+
+    @staticmethod
+    def overlapping() -> bool:
+        """Whether another stream the function made current still has work queued (streams.py)."""
+        return streams.busy_elsewhere()
 
     @functools.cached_property
     def comm(self) -> Collectives:
@@ -85,6 +94,7 @@ class CallServices:
     def close(self, stats: CallRecord, started: float, exc_type: type[BaseException] | None = None,
               exc: BaseException | None = None) -> None:
         """Release what was built, and log the call's end if anything was logged."""
+        self._unwatch()
         if self.__dict__.get("quarantine") is not None:
             self.quarantine.close()
         if "progress" in self.__dict__:

@@ -164,11 +164,14 @@ class Tunable:
         self.dropped -= set(configs)
         self._time_in_lockstep(configs)
 
-    def confirm(self, candidates: list[int], rounds: int) -> None:
+    def confirm(self, candidates: list[int], rounds: int, end_to_end: bool = False) -> None:
         """Re-time the close candidates before deciding: `rounds` more timed slots each, round-robin, on
         fresh samples, so that they are compared over the same stretch of time and no earlier drift
-        (a warm-up that ran long, clocks that settled) separates them."""
+        (a warm-up that ran long, clocks that settled) separates them. With `end_to_end`, each slot is a
+        whole step timed end to end: what the candidate does to the rest of the call counts too."""
         self.confirmed = list(candidates)
+        if end_to_end:
+            self.end_to_end = True
         for c in candidates:
             self.samples[c] = []
         self._extend(candidates, 0, rounds, interleave=True)
@@ -232,6 +235,7 @@ class KeyState(Tunable):
     compiling: Any = None  # precompile.Precompiling while its configs compile behind the step that met it
     proven: set[int] = field(default_factory=set)  # configs whose launch completed under the quarantine's note
     incremental: Plan | None = None  # only the config list changed since its cache entry: what is re-timed
+    overlapped: bool = False  # a timed launch ran while another stream of the function was busy (streams.py)
     scale: float | None = None  # incremental: the anchors' new/old time ratio at the last decision
 
     def describe(self) -> str:
@@ -309,9 +313,17 @@ CONFIRM_CAP = 0.10
 CONFIRM_ROUNDS = 3
 
 
-def close_candidates(choice: Choice, times: list[float]) -> tuple[list[int], float]:
+# A key that overlaps another stream's work (runtime/streams.py) is confirmed end to end, its candidates
+# within OVERLAP_BAND of the fastest per launch: per-launch times do not show what a config does to the
+# work it overlaps, so the band is wider than the per-launch one.
+OVERLAP_BAND = 0.15
+
+
+def close_candidates(choice: Choice, times: list[float], overlapped: bool = False) -> tuple[list[int], float]:
     """The configs close enough to the fastest that one more, interleaved, look may reorder them."""
     band = min(CONFIRM_CAP, max(CONFIRM_FLOOR, CONFIRM_FACTOR * choice.band))
+    if overlapped:
+        band = max(band, OVERLAP_BAND)
     best = times[choice.fastest]
     return [i for i, t in enumerate(times) if math.isfinite(t) and t <= best * (1 + band)], band
 

@@ -3,6 +3,7 @@ compat.py holds everything that depends on the Triton version, patch.py replaces
 Autotuner.run while a tuner is active, resolver.py attributes a launch to the tuned call it belongs
 to (across threads), timing.py times one slot (CUDA events, CUDA graphs or the host clock) and
 collectives.py is the bounded all-gather/broadcast every rank meets in; buckets.py maps a kernel key
-to its shape bucket and devices.py knows GPU peaks. It is the bottom layer:
+to its shape bucket, devices.py knows GPU peaks and streams.py notes the streams a re-executed
+function works on (to tell a key that overlaps their work). It is the bottom layer:
 runtime modules import each other and errors.py only, and every other layer may import them.
 """

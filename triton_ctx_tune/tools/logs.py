@@ -58,7 +58,7 @@ EVENTS: dict[str, EventSpec] = dict([
     _spec("readmit", "configs a split screening dropped, timed in lockstep after all", "kernel", "key", "point",
           "configs", "screen_ms", "lockstep_best", "factor"),
     _spec("confirm", "a key's close candidates, re-timed interleaved before its decision", "kernel", "key", "point",
-          "candidates", "rounds", "reduced", "margins"),
+          "candidates", "rounds", "reduced", "margins", "end_to_end"),
     _spec("point-decision", "a function-level winner (autotune())", "function", "winner", "points", "reduced",
           "reduced_q20", "reduced_q80", "per_rank", "margin", "screened_out", "failures", "kernels", "reduce", "stat",
           "world", "executions", "tuning_s"),

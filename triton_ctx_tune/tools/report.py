@@ -57,6 +57,7 @@ class KeyReport:
     tie_break: str | None = None
     shipped: str | None = None  # a cache hit read from a shipped config file: the file (or "shipped")
     confirmed: list[int] | None = None  # the close candidates re-timed, interleaved, before the decision
+    end_to_end: bool = False  # decided on whole steps' times (objective, or an overlapped key's confirmation)
     split: bool = False  # screened with each rank taking a share of the configs
     readmitted: list[int] = field(default_factory=list)  # dropped by that screening, timed in lockstep after all
     # Incremental re-tuning (store/incremental.py): what was timed and carried over, and the scale.
@@ -170,7 +171,7 @@ def _from_decision(e: dict[str, Any], function: str | None) -> KeyReport:
     r.executions, r.tuning_s = e.get("executions"), e.get("tuning_s")
     r.band, r.spread, r.ties = e.get("band"), e.get("spread"), list(e.get("ties") or [])
     r.fastest, r.tie_break = e.get("fastest"), e.get("tie_break")
-    r.confirmed = e.get("confirmed")
+    r.confirmed, r.end_to_end = e.get("confirmed"), bool(e.get("end_to_end"))
     r.split, r.readmitted = bool(e.get("split")), list(e.get("readmitted") or [])
     return r
 
@@ -456,7 +457,7 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
 def _confirmed_line(r: KeyReport) -> str:
     """E.g. "confirmed  #1, #2 re-timed interleaved before the decision: #2 ahead by 1.3%"."""
     assert r.confirmed
-    names = ", ".join(f"#{j}" for j in r.confirmed)
+    names = ", ".join(f"#{j}" for j in r.confirmed) + (" (overlapped: end to end)" if r.end_to_end else "")
     others = [r.ms[j] for j in r.confirmed if j != r.winner and j < len(r.ms) and r.ms[j] is not None]
     best = r.ms[r.winner] if r.winner < len(r.ms) else None
     if not others or best is None or best <= 0:
