@@ -568,7 +568,7 @@ def _process_state() -> tuple:
     from triton_ctx_tune.runtime import patch, resolver
     from triton_ctx_tune.compile.compile_workers import started_workers
 
-    return (Autotuner.__dict__["run"], patch.resident, patch._installs, resolver.current(), set(resolver.open_calls),
+    return (Autotuner.__dict__["run"], patch.resident, patch.installs(), resolver.current(), set(resolver.open_calls),
             {name: K.chosen(k) for name, k in (("double_", K.double_), ("add_one_", K.add_one_))}, started_workers())
 
 

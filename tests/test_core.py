@@ -32,7 +32,7 @@ def ramp(n: int) -> torch.Tensor:
 def assert_call_closed() -> None:
     """After a call: nothing is attributed or open, and the only hold on the patch is the resident one."""
     assert resolver.current() is None and not resolver.open_calls
-    assert ctx_patch._installs == (1 if ctx_patch.resident else 0)
+    assert ctx_patch.installs() == (1 if ctx_patch.resident else 0)
 
 
 def jsonl(tmp_path: Path) -> list[dict]:

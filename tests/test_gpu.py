@@ -192,4 +192,4 @@ def test_a_key_that_overlaps_a_side_streams_work_is_confirmed_end_to_end(tmp_pat
         assert len(confirms) == 1 and len(confirms[0]["candidates"]) >= 2
     # The patch on torch.cuda.set_stream is gone after the call.
     from triton_ctx_tune.runtime import streams
-    assert streams._watchers == 0 and torch.cuda.set_stream.__module__ == "torch.cuda"
+    assert streams._patch.installs == 0 and torch.cuda.set_stream.__module__ == "torch.cuda"

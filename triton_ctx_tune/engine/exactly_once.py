@@ -37,6 +37,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from ..errors import StateNotRestorableError
+from ..runtime.shared_patch import SharedPatch
 
 # Ops whose schema does not mark what they write (native_batch_norm updates running_mean/var in
 # training without an `a!`): the positions of the arguments they write.
@@ -243,7 +244,7 @@ class StateGuard:
     def watching(self) -> Iterator[None]:
         """One execution, watched (copies made before its writes)."""
         self.executions += 1
-        undo = _hooks.install()
+        undo = _backward.install()
         try:
             with _Watch(self):
                 yield
@@ -343,48 +344,26 @@ def _watching_guard() -> StateGuard | None:
     return None
 
 
-class _Hooks:
-    """torch.autograd.backward and an optimizer step pre-hook, installed while any execution is watched.
+def _watched_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+    """torch.autograd.backward while any execution is watched: a watched thread's backward first lets its
+    guard find the leaves whose .grad it will write; any other thread's passes straight through."""
+    guard = _watching_guard()
+    if guard is not None:
+        inputs = kwargs.get("inputs", args[4] if len(args) > 4 else None)
+        guard.before_backward(tensors, inputs)
+    return _backward.original(tensors, *args, **kwargs)
 
-    Installs are counted, so concurrent and nested watches share one install; the last undo
-    removes it. Outside a watched thread, both pass straight through."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._count = 0
-        self._original: Callable[..., Any] | None = None
-        self._handle: Any = None
+_step_hook: list[Any] = []  # the optimizer step pre-hook's handle, while the backward patch is held
 
-    def install(self) -> Callable[[], None]:
-        with self._lock:
-            if self._count == 0:
-                self._handle = register_optimizer_step_pre_hook(_before_step)
-                self._original = original = torch.autograd.backward
 
-                def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-                    guard = _watching_guard()
-                    if guard is not None:
-                        inputs = kwargs.get("inputs", args[4] if len(args) > 4 else None)
-                        guard.before_backward(tensors, inputs)
-                    return original(tensors, *args, **kwargs)
+def _add_step_hook() -> None:
+    _step_hook.append(register_optimizer_step_pre_hook(_before_step))
 
-                torch.autograd.backward = backward
-            self._count += 1
-        done = False
 
-        def undo() -> None:
-            nonlocal done
-            with self._lock:
-                if done:
-                    return
-                done = True
-                self._count -= 1
-                if self._count == 0:
-                    torch.autograd.backward = self._original  # type: ignore[assignment]
-                    self._handle.remove()
-                    self._original = self._handle = None
-
-        return undo
+def _remove_step_hook() -> None:
+    while _step_hook:
+        _step_hook.pop().remove()
 
 
 def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -394,4 +373,7 @@ def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     return None
 
 
-_hooks = _Hooks()
+# torch.autograd.backward and an optimizer step pre-hook, installed while any execution is watched; concurrent
+# and nested watches share one install, the last undo removes both.
+_backward = SharedPatch(torch.autograd, "backward", _watched_backward, on_install=_add_step_hook,
+                        on_release=_remove_step_hook)

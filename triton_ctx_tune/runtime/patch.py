@@ -15,22 +15,20 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import warnings
 from typing import Any, Callable, Iterator
 
 from . import resolver
 from .compat import Autotuner
+from .shared_patch import SharedPatch
 
-_lock = threading.Lock()
-_installs = 0
-_original: Callable[..., Any] | None = None
+_lock = threading.Lock()  # the resident hold's
 _resident_undo: Callable[[], None] | None = None
 resident = False  # read on every call of a tuned function: a plain module global is the cheapest check
 
 
 def original_run() -> Callable[..., Any]:
     """Triton's Autotuner.run as it was before the patch (the live method when unpatched)."""
-    return _original if _original is not None else Autotuner.run
+    return _patch.original if _patch.original is not None else Autotuner.run
 
 
 def _dispatching_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
@@ -39,40 +37,25 @@ def _dispatching_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
         return call.launch(self, args, kwargs)
     if resolver.open_calls:
         resolver.note_unattributed(self, args, kwargs)
-    return (_original if _original is not None else original_run())(self, *args, **kwargs)
+    original = _patch.original
+    return (original if original is not None else Autotuner.run)(self, *args, **kwargs)
+
+
+_patch = SharedPatch(Autotuner, "run", _dispatching_run)
+
+
+def installs() -> int:
+    """How many holders the patch has (the resident one included)."""
+    return _patch.installs
 
 
 def is_installed() -> bool:
-    return Autotuner.__dict__.get("run") is _dispatching_run
+    return _patch.installed()
 
 
 def install() -> Callable[[], None]:
     """Patch Autotuner.run (or count one more user of the patch); returns the undo, idempotent."""
-    global _installs, _original
-    with _lock:
-        if _installs == 0:
-            _original = Autotuner.__dict__["run"]
-            Autotuner.run = _dispatching_run  # type: ignore[method-assign]
-        _installs += 1
-    done = False
-
-    def undo() -> None:
-        global _installs, _original
-        nonlocal done
-        with _lock:
-            if done:
-                return
-            done = True
-            _installs -= 1
-            if _installs == 0:
-                if is_installed():
-                    Autotuner.run = _original  # type: ignore[method-assign]
-                else:
-                    warnings.warn("triton_ctx_tune: Autotuner.run was replaced by someone else while patched; "
-                                  "leaving their version in place.", RuntimeWarning, stacklevel=2)
-                _original = None
-
-    return undo
+    return _patch.install()
 
 
 def make_resident() -> None:

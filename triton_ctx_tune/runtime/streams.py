@@ -10,49 +10,29 @@ from the launch's stream) is not seen. Without CUDA (the interpreter) nothing is
 """
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable
 
 import torch
 
-_lock = threading.Lock()
-_watchers = 0
-_original: Callable[[Any], None] | None = None
+from .shared_patch import SharedPatch
+
 _seen: dict[tuple[int, int], Any] = {}  # (device, stream id) -> a stream the function made current
 
 
 def _noting_set_stream(stream: Any) -> None:
     if stream is not None and stream != torch.cuda.default_stream(stream.device):
         _seen[(stream.device_index, stream.stream_id)] = stream
-    assert _original is not None
-    _original(stream)
+    _patch.original(stream)
+
+
+_patch = SharedPatch(torch.cuda, "set_stream", _noting_set_stream, on_release=_seen.clear)
 
 
 def watch() -> Callable[[], None]:
     """Note the streams made current until the returned undo runs (calls that overlap share one patch)."""
-    global _watchers, _original
     if not torch.cuda.is_available():
         return lambda: None
-    with _lock:
-        if _watchers == 0:
-            _original = torch.cuda.set_stream
-            torch.cuda.set_stream = _noting_set_stream  # type: ignore[assignment]
-        _watchers += 1
-    done = False
-
-    def undo() -> None:
-        global _watchers, _original
-        nonlocal done
-        with _lock:
-            if done:
-                return
-            done = True
-            _watchers -= 1
-            if _watchers == 0:
-                torch.cuda.set_stream = _original  # type: ignore[assignment]
-                _original = None
-                _seen.clear()
-    return undo
+    return _patch.install()
 
 
 def busy_elsewhere() -> bool:
