@@ -85,3 +85,27 @@ def test_the_incumbent_keeps_its_place_when_the_config_list_changes():
     assert chosen(second) == {(N, "torch.float32"): 32}
     d = _decisions()[-1]
     assert (d["winner"], d["fastest"], d["ties"], d["tie_break"]) == (1, 0, [0, 1], "incumbent")
+
+
+def test_near_ties_with_noise_give_the_same_winner_in_5_of_5_cold_runs():
+    """Two configs 0.3% apart, each launch off by up to +-0.3% at random (another seed each run): whichever
+    measures faster in a run, the tie goes to the list's first, so five cold runs run one kernel."""
+    import random
+
+    from tests.kernels import costly
+
+    winners, fastest = [], []
+    for run in range(5):
+        rng = random.Random(run)
+
+        def noisy(base: float) -> triton.Config:
+            return costly(lambda nargs: base * (1 + rng.uniform(-0.003, 0.003)))
+
+        configs = [triton.Config({"BLOCK": 32}, num_warps=4, pre_hook=noisy(1.003 * BIG)),
+                   triton.Config({"BLOCK": 16}, num_warps=4, pre_hook=noisy(BIG)),
+                   triton.Config({"BLOCK": 64}, num_warps=4, pre_hook=noisy(2 * BIG))]
+        kernel = triton.autotune(configs=configs, key=["n"])(triton.jit(add_one_.fn.fn))
+        _tune(kernel, cache=False)
+        winners.append(chosen(kernel))
+        fastest.append(_decisions()[-1]["fastest"])
+    assert winners == [{(N, "torch.float32"): 32}] * 5, (winners, fastest)
