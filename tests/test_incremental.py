@@ -248,3 +248,21 @@ def test_screening_keeps_carried_configs_within_its_factor_and_times_only_the_ot
     decision = _only(events, "decision")
     assert decision["winner"] == 2 and decision["screened_out"] == [5, 6, 7, 8]
     assert decision["reduced"][4] == pytest.approx(1.3 * decision["reduced"][0], rel=0.03)  # 130 ms against 100
+
+
+def test_a_config_added_to_a_list_of_18_on_the_default_schedule():
+    """Counted on the default schedule (n_warmup=3, n_repeat=5, screening at 1.5x): the new config and two
+    anchors are screened and timed, 19 executions, against 57 for the full tune of 18 (33%)."""
+    defaults = dict(n_warmup=3, n_repeat=5, early_stop=None, confirm=False)
+    costs = {(b, w): 100.0 + 11.0 * i for i, (b, w) in enumerate((b, w) for b in (16, 32, 64, 128, 256, 512)
+                                                               for w in (1, 2, 4))}
+    assert len(costs) == 18
+    _, full = _tune(_kernel(costs), **defaults)
+    # Screening 18 x 2 slots; the 5 within 1.5x of 100 ms (100 to 144) 4 more each (precompiled); the final run.
+    assert full.executions == 18 * 2 + 5 * 4 + 1
+    grown = _place(costs, 5, (16, 8), 90.0)  # a 19th config, the new fastest
+    events, again = _tune(_kernel(grown), **defaults)
+    inc = _only(events, "incremental")
+    assert inc["new"] == [5] and len(inc["anchors"]) == 2
+    assert _only(events, "decision")["winner"] == 5
+    assert again.executions == 3 * 2 + 3 * 4 + 1  # 3 configs screened, all 3 within 1.5x, the final run
