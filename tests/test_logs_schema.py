@@ -15,14 +15,16 @@ PACKAGE = Path(__file__).resolve().parents[1] / "triton_ctx_tune"
 
 
 def _log_writes() -> list[tuple[str, int, ast.Call]]:
-    """Every call that writes a log event: `<...>.log.write(...)` anywhere, and RankLog's own `self.write(...)`."""
+    """Every call that writes a log event: `<...>.log.write(...)` or `log.write(...)` anywhere, and RankLog's own
+    `self.write(...)`."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "write"):
                 continue
             owner = node.func.value
-            on_log = isinstance(owner, ast.Attribute) and owner.attr == "log"
+            on_log = (isinstance(owner, ast.Attribute) and owner.attr == "log") or (
+                isinstance(owner, ast.Name) and owner.id == "log")
             on_self_in_logs = path.name == "logs.py" and isinstance(owner, ast.Name) and owner.id == "self"
             if on_log or on_self_in_logs:
                 found.append((path.name, node.lineno, node))

@@ -27,7 +27,8 @@ from .runtime.compat import interpret_mode
 from .runtime.devices import peak
 from .store.cache import read_entry, write_entry, CacheEntryError
 from .options import TuneOptions
-from .tools.logs import RankLog
+from .tools.logs import RankLog, ahead_table
+
 
 
 class ContextualAutotuner(Protocol):
@@ -57,11 +58,6 @@ class AheadRow:
 
 
 Inputs = tuple[tuple, dict[str, Any]]
-
-
-@dataclass
-class _Output:
-    log: RankLog  # (the one log a tune-ahead writes its rows to; each size's call writes its own events)
 
 
 def inputs_from(inputs_for: Callable[[int], Any] | None, example: Sequence[Any] | None,
@@ -101,11 +97,11 @@ def inputs_from(inputs_for: Callable[[int], Any] | None, example: Sequence[Any] 
 
 
 def _inputs_problem(value: Any) -> str | None:
-    return None if _as_inputs(value, strict=False) is not None else (
+    return None if _as_inputs(value) is not None else (
         f"returned {type(value).__name__}, which is not a tuple, a dict or an (args, kwargs) pair")
 
 
-def _as_inputs(value: Any, strict: bool = True) -> Any:
+def _as_inputs(value: Any) -> Any:
     if isinstance(value, dict):
         return (), value
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], tuple) and isinstance(value[1], dict):
@@ -227,7 +223,8 @@ def tune_ahead(fn: ContextualAutotuner, sizes: Iterable[int] | None, inputs_for:
                                  "TRITON_CTX_TUNE_CACHE=1): spread ranks hand each other their results through it")
     comm = Collectives(dist and (spread or fn.opts.is_dist), fn.opts.group if fn.opts.is_dist else None,
                        fn.opts.resolved_timeout())
-    out = _Output(RankLog(fn.opts.resolved_log_dir(), comm.global_rank, fn.opts.resolved_quiet()))
+    # The log a tune-ahead writes its rows to (each size's call writes its own events to its own).
+    log = RankLog(fn.opts.resolved_log_dir(), comm.global_rank, fn.opts.resolved_quiet())
     mine = listed[comm.rank::comm.world] if spread else listed
     rows: list[AheadRow] = []
     stored: list[str] = []  # the entries this rank's calls wrote (spread hands them to the other ranks)
@@ -248,15 +245,15 @@ def tune_ahead(fn: ContextualAutotuner, sizes: Iterable[int] | None, inputs_for:
             row.call_ms = _time_call(fn, args, kwargs, timed_runs)
             _throughput(row, flops, moved)
             rows.append(row)
-            _progress(out.log, fn.name, i + 1, len(mine), row, time.perf_counter() - started, spread)
+            _progress(log, fn.name, i + 1, len(mine), row, time.perf_counter() - started, spread)
         if spread and comm.active:
             rows = _gather(fn, comm, rows, stored, listed, mine, make)
         rows.sort(key=lambda r: r.size)
         for row in rows:
-            out.log.write("tune-ahead", _row_line(fn.name, row), function=fn.name, **asdict(row), spread=spread,
+            log.write("tune-ahead", _row_line(fn.name, row), function=fn.name, **asdict(row), spread=spread,
                       wall_s=time.perf_counter() - started)
     finally:
-        out.log.close()
+        log.close()
     if comm.global_rank == 0 and not fn.opts.resolved_quiet():
         print(table(fn.name, rows, time.perf_counter() - started), file=sys.stderr, flush=True)
     return rows
@@ -305,13 +302,5 @@ def _progress(log: RankLog, function: str, done: int, total: int, row: AheadRow,
 
 def table(function: str, rows: list[AheadRow], wall_s: float) -> str:
     """The tune-ahead's table, one row per size (rank 0 prints it at the end)."""
-    head = f"tune-ahead {function}: {len(rows)} sizes in {wall_s:.2f} s"
-    lines = [head, f"{'size':>8} {'rank':>4} {'execs':>6} {'tuned':>5} {'hits':>4} {'tune s':>8} {'call ms':>10} "
-                   f"{'TFLOP/s':>8} {'GB/s':>8} {'peak':>5}"]
-    for r in rows:
-        lines.append(f"{r.size:>8} {r.rank:>4} {r.executions:>6} {r.tuned:>5} {r.cache_hits:>4} {r.tune_s:>8.2f} "
-                     + (f"{r.call_ms:>10.4f} " if r.call_ms is not None else f"{'-':>10} ")
-                     + (f"{r.tflops:>8.2f} " if r.tflops is not None else f"{'-':>8} ")
-                     + (f"{r.gbps:>8.1f} " if r.gbps is not None else f"{'-':>8} ")
-                     + (f"{r.peak_fraction:>5.0%}" if r.peak_fraction is not None else f"{'-':>5}"))
-    return "\n".join(lines)
+    return "\n".join([f"tune-ahead {function}: {len(rows)} sizes in {wall_s:.2f} s",
+                      *ahead_table(asdict(r) for r in rows)])

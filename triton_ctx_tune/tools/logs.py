@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Iterable
 
 from .. import __version__
 from ..runtime.compat import TRITON_VERSION, print_autotuning
@@ -162,3 +162,19 @@ class RankLog:
                 f.close()
         self._text = self._jsonl = None
 
+
+def ahead_table(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """A tune-ahead's table, one line per size (serving.AheadRow's fields): what tune_ahead prints at its end
+    and what `report` and the `tune` command print from the logs."""
+    lines = [f"{'size':>8} {'rank':>4} {'executions':>10} {'tuned':>5} {'hits':>4} {'tune s':>8} {'call ms':>10} "
+             f"{'TFLOP/s':>8} {'GB/s':>8} {'peak':>5}"]
+    for r in rows:
+        lines.append(f"{r['size']:>8} {r.get('rank', 0):>4} {r['executions']:>10} {r['tuned']:>5} {r['cache_hits']:>4} "
+                     f"{r['tune_s']:>8.2f} {_num(r['call_ms'], '10.4f')} {_num(r['tflops'], '8.2f')} "
+                     f"{_num(r['gbps'], '8.1f')} {_num(r['peak_fraction'], '5.0%')}")
+    return lines
+
+
+def _num(x: Any, spec: str) -> str:
+    width = int(spec.split(".")[0])
+    return f"{'-':>{width}}" if x is None else format(x, spec).rjust(width)

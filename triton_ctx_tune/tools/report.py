@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import CtxTuneError, MissingDependencyError
-from .logs import EVENTS
+from .logs import EVENTS, ahead_table
 
 _RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")
 
@@ -512,12 +512,7 @@ def format_serving(report: Report) -> list[str]:
     out: list[str] = []
     for function, rows in report.ahead.items():
         out.append(f"{function}: tuned ahead, {len(rows)} sizes")
-        out.append(f"  {'size':>8} {'executions':>10} {'tuned':>5} {'hits':>4} {'tune s':>8} {'call ms':>10} "
-                   f"{'TFLOP/s':>8} {'GB/s':>8} {'peak':>5}")
-        for size, r in sorted(rows.items()):
-            out.append(f"  {size:>8} {r['executions']:>10} {r['tuned']:>5} {r['cache_hits']:>4} {r['tune_s']:>8.2f} "
-                       f"{_num(r['call_ms'], '10.4f')} {_num(r['tflops'], '8.2f')} {_num(r['gbps'], '8.1f')} "
-                       f"{_num(r['peak_fraction'], '5.0%')}")
+        out.extend(f"  {line}" for line in ahead_table([rows[size] for size in sorted(rows)]))
         out.append("")
     if report.frozen:
         out.append(f"freeze: {len(report.frozen)} key(s) had no tuned result and ran a borrowed config")
@@ -526,11 +521,6 @@ def format_serving(report: Report) -> list[str]:
             out.append(f"  {m.kernel} key={m.key}: ran {ran}, {{{m.config}}}, met {m.count}x. To {m.fix}")
         out.append("")
     return out
-
-
-def _num(x: Any, spec: str) -> str:
-    width = int(spec.split(".")[0])
-    return f"{'-':>{width}}" if x is None else format(x, spec).rjust(width)
 
 
 def format_report(report: Report) -> str:
