@@ -11,7 +11,7 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
@@ -121,26 +121,25 @@ class Decisions:
 
     def _to_readmit(self, s: Tunable, reduced: torch.Tensor) -> list[int]:
         """Rank 0, after a split screening's survivors were timed in lockstep: the dropped configs whose
-        one-rank screening time is within early_stop of the lockstep winner's time. A config fast on its
-        screening rank only has a lockstep time that shows it; the configs it pushed out come back."""
+        one-rank screening time is within early_stop of the lockstep winner's time (any finite one when no
+        survivor has a time). A config fast on its screening rank only has a lockstep time that shows it;
+        the configs it pushed out come back."""
         factor = self.services.early_stop
         if not s.split or s.screening or s.screen_ms is None or factor is None:
             return []
-        live = [t for j, t in enumerate(reduced[: len(s.configs), 0].tolist()) if j not in s.dropped and math.isfinite(t)]
-        if not live:
-            return [j for j in sorted(s.dropped) if math.isfinite(s.screen_ms[j]) and j not in s.readmitted]
-        limit = factor * min(live)
-        return [j for j in sorted(s.dropped) if s.screen_ms[j] <= limit and j not in s.readmitted]
+        limit = factor * _lockstep_best(s, reduced)
+        return [j for j in sorted(s.dropped)
+                if math.isfinite(s.screen_ms[j]) and s.screen_ms[j] <= limit and j not in s.readmitted]
 
     def _log_readmit(self, s: Tunable, kept: list[int], times: torch.Tensor) -> None:
         svc = self.services
-        live = [float(times[j, 0]) for j in range(len(s.configs)) if j not in s.dropped and j not in kept]
+        best = _lockstep_best(s, times, also_dropped=kept)
         assert s.screen_ms is not None
         svc.log.write("readmit", f"readmit {_subject(s)}: configs {kept} (screened at "
                       f"{', '.join(fmt_ms(s.screen_ms[j]) for j in kept)} on one rank) are within {svc.early_stop:g}x "
-                      f"of the lockstep best, {fmt_ms(min(live, default=math.inf))}: timed in lockstep too",
+                      f"of the lockstep best, {fmt_ms(best)}: timed in lockstep too",
                       **_subject_fields(s), configs=kept, screen_ms=[s.screen_ms[j] for j in kept],
-                      lockstep_best=min(live, default=None), factor=svc.early_stop)
+                      lockstep_best=best if math.isfinite(best) else None, factor=svc.early_stop)
 
     def _to_confirm(self, s: Tunable, choice: Choice, reduced: torch.Tensor) -> tuple[list[int], bool]:
         """Rank 0: the close candidates a key re-times before its decision ([] to decide now), and whether
@@ -306,6 +305,13 @@ class Decisions:
         if isinstance(s, KeyState):
             raise NoValidConfigError(s.kernel, s.key, failures)
         raise NoValidPointError(svc.function, failures)
+
+
+def _lockstep_best(s: Tunable, reduced: torch.Tensor, also_dropped: Iterable[int] = ()) -> float:
+    """The fastest time among the configs a split screening kept (`also_dropped`: configs readmitted just
+    now, still counted as dropped); inf when none has one."""
+    out = set(s.dropped) | set(also_dropped)
+    return min((t for j, t in enumerate(reduced[: len(s.configs), 0].tolist()) if j not in out), default=math.inf)
 
 
 def _carry_over(s: KeyState, reduced: torch.Tensor, per_rank: torch.Tensor) -> None:

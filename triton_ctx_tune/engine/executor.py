@@ -213,11 +213,12 @@ class Executor:
         names = [config_str(c) for c in configs]
         dims = self.opts.bucketing.dimensions(at) if self.opts.bucketing is not None else None
         near = nearest(key, (k for k, c in winners.items() if c in names), dims)
-        index = names.index(winners[near]) if near is not None else 0
-        chosen = self.services.comm.broadcast_from_root(torch.tensor([index], dtype=torch.int64),
+        borrowed = names.index(winners[near]) if near is not None else None
+        chosen = self.services.comm.broadcast_from_root(torch.tensor([0 if borrowed is None else borrowed],
+                                                                     dtype=torch.int64),
                                                         "freeze: the config a key with no tuned result runs")
         index = int(chosen[0])
-        near_text = repr(near) if near is not None and index == names.index(winners[near]) else None
+        near_text = repr(near) if borrowed is not None and index == borrowed else None
         best = configs[index]
         at.cache[key] = best  # once per key and process: the miss is logged once
         self.stats.frozen.append((kernel_name(at), key))

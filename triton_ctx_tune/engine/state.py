@@ -89,11 +89,11 @@ class Tunable:
         # Rank r screens configs r, r+W, ...; a rank with a smaller share runs untimed launches of a config
         # it has, so every rank takes the same number of slots and the executions stay in lockstep.
         rank, world = self.share  # type: ignore[misc]
-        mine = pool[rank::world] or pool[:1]
-        self.launched_here = set(mine)
-        self._extend(mine if pool[rank::world] else [], *first)
-        for _ in range(sum(first) * (-(-len(pool) // world) - len(pool[rank::world]))):
-            self.plan.append(Slot(mine[0], sum(1 for s in self.plan if s.config == mine[0]), timed=False))
+        mine = pool[rank::world]
+        self._extend(mine, *first)
+        padding = sum(first) * (-(-len(pool) // world) - len(mine))
+        self._extend((mine or pool)[:1], padding, 0)  # untimed launches: all warm-ups, nothing timed
+        self.launched_here = set((mine or pool)[:1]) | set(mine)
 
     def screening_warmups(self) -> int:
         """Warm-ups before a config's screening sample: one launch is enough to load and warm a kernel."""

@@ -37,8 +37,7 @@ def _dispatching_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
         return call.launch(self, args, kwargs)
     if resolver.open_calls:
         resolver.note_unattributed(self, args, kwargs)
-    original = _patch.original
-    return (original if original is not None else Autotuner.run)(self, *args, **kwargs)
+    return original_run()(self, *args, **kwargs)
 
 
 _patch = SharedPatch(Autotuner, "run", _dispatching_run)
