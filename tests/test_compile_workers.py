@@ -56,7 +56,7 @@ def _run(scenarios: tuple[str, ...], cache: str, **extra: str) -> dict[str, dict
                           env=_env(Path(cache), **extra), capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = {row["scenario"]: row for row in map(json.loads, proc.stdout.splitlines())}
-    pids = {p for row in rows.values() for p in row["pids"] + row.get("pids_after", [])}
+    pids = {p for row in rows.values() for p in row["pids"] + row.get("pids_after", []) + [row.get("zygote", 0)] if p}
     assert _all_gone(sorted(pids)), "a worker outlived its parent's exit"  # atexit closed the pool
     return rows
 
@@ -85,8 +85,8 @@ def test_workers_compile_real_binaries_that_the_parent_then_finds(healthy):
 def test_workers_start_once_and_serve_every_later_key(healthy):
     pids = healthy["reuse"]["pids"]
     assert len(pids) == 2 and len(set(pids)) == 2 and os.getpid() not in pids
-    # start_compile_workers(preload=...) had each of them import the kernels' module while it started.
-    assert healthy["preloaded"]["pids"] == sorted(pids)
+    # start_compile_workers(preload=...) had the zygote import the kernels' module once, before it forked them.
+    assert healthy["preloaded"]["pids"] == [healthy["reuse"]["zygote"]]
     for name in ("reuse", "split", "fallback"):
         assert healthy[name]["pids"] == pids, name
     assert healthy["reuse"]["pids_after"] == healthy["split"]["pids_after"] == pids
@@ -142,11 +142,28 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path):
     try:
         line = proc.stdout.readline()  # after the workers have started
         row = json.loads(line)
-        assert len(row["pids"]) == 2 and all(_alive(p) for p in row["pids"])
+        assert len(row["pids"]) == 2 and all(_alive(p) for p in row["pids"] + [row["zygote"]])
     finally:
-        proc.send_signal(signal.SIGKILL)  # no atexit: only the workers' own watch can end them
+        proc.send_signal(signal.SIGKILL)  # no atexit: only the zygote's and the workers' own watch can end them
         proc.wait(timeout=60)
-    assert _all_gone(row["pids"]), "orphaned workers"
+    assert _all_gone(row["pids"] + [row["zygote"]]), "orphaned workers"
+
+
+def test_the_default_path_forks_a_worker_per_core_from_the_zygote_that_decoration_started(tmp_path):
+    """Without start_compile_workers() or an option: more than one compile process per node (on CI's 2 cores,
+    2 workers; one local rank)."""
+    row = _run(("default",), str(tmp_path / "cache"))["default"]
+    cores = len(os.sched_getaffinity(0))
+    assert row["before"] is None and row["at_decoration"] in ("booting", "ready")
+    assert row["n"] == default_workers() == min(32, cores) and row["n"] >= 2
+    status = row["status"]
+    assert (status["ready"], status["booting"], status["boot_failures"]) == (row["n"], 0, 0)
+    assert status["zygote"]["state"] == "ready" and len(row["pids"]) == row["n"]
+    assert row["parents"] == [row["zygote"]]  # forked by the zygote, not started (and importing torch) one by one
+    assert row["first"]["failures"] == {} and row["first"]["new_cubins"] == 3
+    # Once the pool has started, the workers compile every config; the one too big fails there.
+    second = row["second"]
+    assert second["by_workers"] == [1, 2, 3] and list(second["failures"]) == ["0"] and second["new_cubins"] == 3
 
 
 def test_default_worker_count_shares_the_cores_among_local_ranks(monkeypatch):

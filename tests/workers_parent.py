@@ -100,7 +100,39 @@ def parent_hits(at: Any, n: int, blocks: list[int], **kwargs: Any) -> int:
     return cubins() - before
 
 
+def ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def default_path() -> dict[str, Any]:
+    """No set-up call, no option: decorating a function starts the zygote, and tuning forks the default
+    number of workers from it."""
+    from triton_ctx_tune import contextual_autotune
+    from triton_ctx_tune.compile import compile_workers as CW
+    from triton_ctx_tune.options import TuneOptions
+
+    before = CW.zygote_state()
+
+    @contextual_autotune()
+    def op(x: torch.Tensor) -> torch.Tensor:  # never called: decorating is what starts the zygote
+        return x
+
+    at_decoration = CW.zygote_state()
+    n = TuneOptions().resolved_compile_workers()
+    assert CW.get_zygote().wait_ready(240), "the zygote did not start"  # the program's own set-up, meanwhile
+    first = tune(K.double_, 1000, workers=n)  # forks the pool: its workers may still start while this compiles
+    pool = get_pool(n)
+    assert pool.wait_ready(240), "workers did not start"
+    second = tune(K.limited_add_one_, 100, workers=n, LIMIT=64)  # every worker has started now
+    status = pool.status()
+    return {"before": before, "at_decoration": at_decoration, "n": n, "status": status, "first": first,
+            "second": second, "pids": pool.pids(), "zygote": status["zygote"]["pid"],
+            "parents": sorted({ppid(p) for p in pool.pids()})}
+
+
 def scenario(name: str) -> dict[str, Any]:
+    if name == "default":
+        return default_path()
     # As a training script would during its set-up; later scenarios find the same pool.
     start_compile_workers(2, preload=("tests.preload_marker",))
     pool = get_pool(2)
@@ -112,7 +144,8 @@ def scenario(name: str) -> dict[str, Any]:
         # Heuristics outside the autotuner (as flash-linear-attention writes its kernels): the module
         # exports the heuristics, and the worker finds the JIT function two `.fn` hops inside it.
         outer = tune(K.heur_outer_add_.fn, 64, SHIFT=1.0)
-        return {"pids": pids, "pids_after": pool.pids(), "first": first, "second": second, "outer": outer,
+        return {"pids": pids, "pids_after": pool.pids(), "zygote": pool.zygote.pid, "first": first, "second": second,
+                "outer": outer,
                 "parent_new_cubins": parent_hits(K.limited_add_one_, 100, [16, 32, 64], LIMIT=64)
                 + parent_hits(K.double_, 1000, [16, 32, 64])}
     if name == "split":
@@ -120,7 +153,9 @@ def scenario(name: str) -> dict[str, Any]:
     if name == "timeout":
         start = time.monotonic()
         out = tune(W.hanging_add_one_, 96, timeout_s=8.0)
-        return {"pids": pids, "pids_after": pool.pids(), "result": out, "seconds": time.monotonic() - start}
+        seconds = time.monotonic() - start
+        assert pool.wait_ready(240), "the replacement worker did not start"  # forked in the background
+        return {"pids": pids, "pids_after": pool.pids(), "result": out, "seconds": seconds}
     if name == "crash":
         result = tune(W.crashing_add_one_, 96)
         assert pool.wait_ready(240), "the replacement worker did not start"
@@ -129,7 +164,7 @@ def scenario(name: str) -> dict[str, Any]:
         return {"pids": pids, "main": tune(main_add_one_, 64), "local": tune(_local_kernel(), 64),
                 "threads_only": tune(K.single_config_add_one_, 64, workers=0)}
     if name == "hold":
-        print(json.dumps({"pids": pids, "parent": os.getpid()}), flush=True)
+        print(json.dumps({"pids": pids, "parent": os.getpid(), "zygote": pool.zygote.pid}), flush=True)
         time.sleep(3600)  # the test kills this process
     raise SystemExit(f"unknown scenario {name}")
 

@@ -11,7 +11,7 @@ from .store.cache import resolve_dir
 from .runtime.buckets import Buckets, Rule
 from .store.shipped import ENV as CONFIG_PATH_ENV, ShippedConfigs, is_path_value
 # compile_workers owns its variable's parsing; options only reads it (imports run this way only).
-from .compile.compile_workers import env_compile_workers, started_workers
+from .compile.compile_workers import default_workers, env_compile_workers, started_workers
 from .errors import InvalidOptionError, UnknownOptionError
 from .tools.logs import DEFAULT_LOG_DIR
 
@@ -152,9 +152,10 @@ class TuneOptions:
     early_stop: float | bool | None = None  # None: TRITON_CTX_TUNE_EARLY_STOP or 1.5; False: off
     precompile: bool | None = None  # None: TRITON_CTX_TUNE_PRECOMPILE, on unless it is 0
     compile_threads: int | None = None  # None: cores / local ranks, at most 32
-    # Compile worker processes of this rank (compile_workers.py): started once and kept for every later
-    # key, they compile in parallel where threads hold the GIL. 0: threads only. None:
-    # TRITON_CTX_TUNE_COMPILE_WORKERS, else the pool start_compile_workers() started, else none.
+    # Compile worker processes of this rank (compile_workers.py): forked from a zygote that decoration
+    # starts, kept for every later key, they compile in parallel where threads hold the GIL. 0: threads
+    # only. None: TRITON_CTX_TUNE_COMPILE_WORKERS, else the pool start_compile_workers() started, else
+    # one per core the rank may use (the node's cores shared among its local ranks, at most 32).
     compile_workers: int | None = None
     # Seconds one config may spend compiling during precompilation; a config that takes longer is
     # invalid on every rank and its compile is abandoned (a compiler that hangs on one config must
@@ -375,10 +376,10 @@ class TuneOptions:
             return 0  # nothing is compiled there
         n = env_compile_workers() if self.compile_workers is None else self.compile_workers
         if n is None:
-            # Opt-in: on 2 H200 ranks, workers started at the first tuning call competed with the
-            # ranks' own compiles while they imported torch (FLA step 30 s instead of 25 s, the MLP
-            # op 4.7 s instead of 1.3 s). Started early, by start_compile_workers(), they are used.
-            return started_workers()
+            # On by default since workers are forked from the zygote that decoration started: they no
+            # longer import torch while the first call compiles (which, on 2 H200 ranks, made the FLA
+            # step 30 s instead of 25 s when each worker imported it for itself).
+            return started_workers() or default_workers()
         return n
 
     def resolved_cache_dir(self) -> Path | None:

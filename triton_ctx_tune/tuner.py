@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Sequence, Ty
 
 import torch
 
+from .compile import compile_workers
 from .runtime import patch, resolver
 from .runtime.collectives import require_process_group
 from .engine.call import Call
@@ -32,6 +33,8 @@ class ContextualAutotuner(Generic[R]):
         self.opts = opts
         self.name: str = getattr(fn, "__qualname__", repr(fn))
         self._last: Call | None = None
+        if opts.resolved_compile_workers() > 0 and not opts.resolved_freeze():
+            compile_workers.prestart()  # long before the first call: its workers then fork in milliseconds
         # Exactly once (exactly_once.py): a call is watched from its start while this function's effect
         # on older state is unknown (its first calls) or a key waits for a watched call (deferred).
         # Watching costs every aten op a trip through Python, so warm calls are not watched.

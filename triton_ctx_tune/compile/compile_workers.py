@@ -1,17 +1,22 @@
-"""Long-lived compile worker processes: Triton compilation at the speed of the node's cores.
+"""Long-lived compile worker processes: Triton compilation at the speed of the node's cores, by default.
 
-Triton's front end holds the GIL, so threads in one process compile about one config at a time,
-and a process started per compile spends its life importing torch. So each process that tunes
-keeps a pool of worker processes, started once (at its first precompilation, or earlier with
-start_compile_workers()) and reused by every later key. A worker compiles a config described by
-compat.describe_compile for the parent's GPU target without touching a GPU; the binary lands in
-Triton's disk cache, where the parent's own compile-only launch then finds it.
+Triton's front end holds the GIL, so threads in one process compile about one config at a time.
+A process per compile, or a worker started at the first tuning call, spends its first seconds
+importing torch, and W ranks x N workers importing at once competed with the ranks' own compiles
+(measured on 2 H200s: the FLA step 30 s instead of 25 s). So each rank starts one small server, the
+zygote, when a tuned function is decorated, long before its first call: it imports torch, triton
+and this package once, primes Triton's compiler hash, and then forks a worker in milliseconds
+whenever the pool asks for one (a fork server, as multiprocessing's 'forkserver' with preloaded
+modules, but without re-running the parent's main script). The zygote never touches a GPU, so no
+CUDA context is forked. A worker compiles a config described by compat.describe_compile for the
+parent's GPU target; the binary lands in Triton's disk cache, where the parent's own compile-only
+launch then finds it.
 
-Workers are plain `python -c` processes with two pipes, not multiprocessing's: its 'spawn'
-re-imports the parent's main script in every child (and runs it, when it has no main guard), and
-'fork' would copy a CUDA context. Each worker leads its own process group, so a compile that runs
-past its limit is killed with the ptxas it started, and exits by itself when the parent dies
-(its request pipe closes or its parent pid changes). atexit closes the pool without waiting long.
+Each worker leads its own process group, so a compile that runs past its limit is killed with the
+ptxas it started. The zygote reaps its workers and reports how each ended (the crash message names
+the signal). Nothing outlives the rank: the zygote exits when its rank does (its socket closes or its
+parent pid changes) and kills its workers' groups; a worker exits when its zygote does. atexit
+closes the pool without waiting long.
 """
 from __future__ import annotations
 
@@ -19,8 +24,12 @@ import atexit
 import contextlib
 import importlib
 import math
+import multiprocessing
 import os
+import pickle
+import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -41,8 +50,9 @@ BOOT_TIMEOUT_S = 300.0
 MAX_BOOT_FAILURES = 3
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds triton_ctx_tune/
-_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from triton_ctx_tune.compile.compile_workers import serve; "
-         "serve(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))")
+_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from triton_ctx_tune.compile.compile_workers import zygote; "
+         "zygote(int(sys.argv[2]), int(sys.argv[3]))")
+_MESSAGE_BYTES = 1 << 16  # a fork request (target, preload, sys.path) or a notice, pickled
 
 
 @dataclass(frozen=True)
@@ -73,49 +83,119 @@ def _exit_text(code: int | None) -> str:
     return f"exit code {code}"
 
 
-class _Worker:
-    def __init__(self, target: Any, preload: tuple[str, ...] = ()) -> None:
-        to_child_r, to_child_w = os.pipe()
-        to_parent_r, to_parent_w = os.pipe()
+class _Zygote:
+    """This rank's fork server (parent side): one process, started once, that forks every worker."""
+
+    def __init__(self) -> None:
+        self.owner = os.getpid()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # keeps message boundaries
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, _ROOT, str(to_child_r), str(to_parent_w), str(os.getpid())],
-                pass_fds=(to_child_r, to_parent_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                [sys.executable, "-c", _BOOT, _ROOT, str(theirs.fileno()), str(os.getpid())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True)
         finally:
-            os.close(to_child_r)
-            os.close(to_parent_w)
-        self.requests = Connection(to_child_w, readable=False)
-        self.replies = Connection(to_parent_r, writable=False)
-        self.requests.send({"target": target, "preload": list(preload), "sys_path": list(sys.path)})
-        self.state = "booting"  # then "idle", "busy", "dead"
+            theirs.close()
+        self.sock = ours
+        self.state = "booting"  # then "ready", "dead"
+        self._cond = threading.Condition()
+        self._forked: list[int] = []  # pids the zygote answered, not yet taken by fork()
+        self._exits: dict[int, int] = {}  # a worker's pid: how it ended (negative: the signal's number)
+        self._fork_lock = threading.Lock()  # one fork in flight, so that the next answer is its own
+        threading.Thread(target=self._read, name="ctx-tune-zygote", daemon=True).start()
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def kill(self) -> None:
-        """End the worker and anything it started (ptxas); reap it."""
-        for conn in (self.requests, self.replies):
-            conn.close()
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(_MESSAGE_BYTES)
+                message = pickle.loads(data) if data else None
+            except (OSError, EOFError, pickle.UnpicklingError):
+                message = None
+            with self._cond:
+                if message is None:
+                    self.state = "dead"
+                elif message[0] == "ready":
+                    self.state = "ready"
+                elif message[0] == "forked":
+                    self._forked.append(message[1])
+                elif message[0] == "exited":
+                    self._exits[message[1]] = message[2]
+                self._cond.notify_all()
+            if message is None:
+                return
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self.state == "booting" and time.monotonic() < deadline:
+                self._cond.wait(deadline - time.monotonic())
+            return self.state == "ready"
+
+    def fork(self, boot: dict[str, Any], child_end: socket.socket) -> int | None:
+        """A new worker on `child_end` (the zygote's fork, told `boot`); None if the zygote is not there."""
+        if not self.wait_ready(BOOT_TIMEOUT_S):
+            return None
+        with self._fork_lock:
+            try:
+                socket.send_fds(self.sock, [pickle.dumps(boot)], [child_end.fileno()])
+            except OSError:
+                return None
+            with self._cond:
+                while not self._forked and self.state == "ready":
+                    self._cond.wait()
+                return self._forked.pop(0) if self._forked else None
+
+    def exit_code(self, pid: int, timeout_s: float = 0.0) -> int | None:
+        """How worker `pid` ended, waiting up to `timeout_s` for the zygote to say; None while it runs."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while pid not in self._exits and self.state != "dead" and time.monotonic() < deadline:
+                self._cond.wait(deadline - time.monotonic())
+            return self._exits.get(pid)
+
+    def close(self) -> None:
+        """Close its socket (it kills what it forked and exits); kill it if it has not after a short wait."""
+        if os.getpid() != self.owner:
+            return  # a fork of the owner: the zygote is not this process's
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=5)
+            self.proc.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
-            pass
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+
+
+class _Worker:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn  # both ways: configs to compile out, outcomes back
+        self.pid: int | None = None  # once the zygote has forked it
+        self.state = "booting"  # then "idle", "busy", "dead"
+
+    def kill(self) -> None:
+        """End the worker and anything it started (ptxas); the zygote reaps it."""
+        self.conn.close()
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)  # it leads its own group (setsid after the fork)
         self.state = "dead"
 
 
 class WorkerPool:
     """Up to `size` worker processes; compile() hands one config to an idle one and waits for it."""
 
-    def __init__(self, size: int, preload: tuple[str, ...] = ()) -> None:
+    def __init__(self, size: int, zygote: _Zygote, preload: tuple[str, ...] = ()) -> None:
         self.owner = os.getpid()
         self.preload = preload  # kernel modules a worker imports before it says it is ready
         self.target = compile_target()
+        self.zygote = zygote
         self._cond = threading.Condition()
         self._workers: list[_Worker] = []
         self._boot_failures = 0
@@ -132,14 +212,15 @@ class WorkerPool:
 
     def pids(self) -> list[int]:
         with self._cond:
-            return [w.pid for w in self._workers if w.state != "dead"]
+            return [w.pid for w in self._workers if w.state != "dead" and w.pid is not None]
 
     def status(self) -> dict[str, object]:
         """For the precompile log event: how many workers run, and why any kernel module is left to threads."""
         with self._cond:
             return {"ready": sum(w.state in ("idle", "busy") for w in self._workers),
                     "booting": sum(w.state == "booting" for w in self._workers),
-                    "boot_failures": self._boot_failures, "unusable": dict(self.unusable)}
+                    "boot_failures": self._boot_failures, "unusable": dict(self.unusable),
+                    "zygote": {"pid": self.zygote.pid, "state": self.zygote.state}}
 
     def ready(self) -> int:
         with self._cond:
@@ -164,13 +245,23 @@ class WorkerPool:
     def _start(self) -> None:  # under self._cond
         if self._closed or self._boot_failures >= MAX_BOOT_FAILURES:
             return
-        worker = _Worker(self.target, self.preload)
+        ours, theirs = socket.socketpair()
+        worker = _Worker(Connection(ours.detach()))
         self._workers.append(worker)
-        threading.Thread(target=self._boot, args=(worker,), name="ctx-tune-worker-boot", daemon=True).start()
+        threading.Thread(target=self._boot, args=(worker, theirs), name="ctx-tune-worker-boot", daemon=True).start()
 
-    def _boot(self, worker: _Worker) -> None:
+    def _boot(self, worker: _Worker, child_end: socket.socket) -> None:
         try:
-            ok = worker.replies.poll(BOOT_TIMEOUT_S) and worker.replies.recv() == "ready"
+            pid = self.zygote.fork({"target": self.target, "preload": list(self.preload), "sys_path": list(sys.path)},
+                                   child_end)
+        finally:
+            child_end.close()  # the worker holds its own copy now
+        with self._cond:
+            worker.pid = pid
+            if worker.state == "dead" and pid is not None:
+                worker.kill()  # the pool closed (or gave up on it) while the zygote forked it
+        try:
+            ok = pid is not None and worker.conn.poll(BOOT_TIMEOUT_S) and worker.conn.recv() == "ready"
         except (EOFError, OSError):
             ok = False
         with self._cond:
@@ -212,20 +303,17 @@ class WorkerPool:
         if spec.module in self.unusable:
             return None
         worker = self._acquire()
-        while worker is not None and worker.proc.poll() is not None:
+        while worker is not None and worker.pid is not None and self.zygote.exit_code(worker.pid) is not None:
             self._release(worker, replace=True)  # died while idle (killed from outside): not this config's fault
             worker = self._acquire()
         if worker is None:
             return None
         try:
-            worker.requests.send(spec)
-            answered = worker.replies.poll(None if math.isinf(timeout_s) else max(timeout_s, 0.0))
-            kind, text = worker.replies.recv() if answered else ("timeout", "")
+            worker.conn.send(spec)
+            answered = worker.conn.poll(None if math.isinf(timeout_s) else max(timeout_s, 0.0))
+            kind, text = worker.conn.recv() if answered else ("timeout", "")
         except (EOFError, OSError):
-            try:
-                code: int | None = worker.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                code = None
+            code = self.zygote.exit_code(worker.pid, timeout_s=5.0) if worker.pid is not None else None
             self._release(worker, replace=True)
             return Outcome(f"compile worker crashed: its process ended with {_exit_text(code)} while compiling this "
                            "config (a crash in Triton's compiler); the worker was replaced", worker.pid)
@@ -249,21 +337,42 @@ class WorkerPool:
             workers = list(self._workers)
             self._cond.notify_all()
         for w in workers:
-            try:
-                w.requests.close()  # EOF: an idle worker exits at once
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):
+                w.conn.close()  # EOF: an idle worker exits at once
         deadline = time.monotonic() + 2.0
         for w in workers:
-            try:
-                w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+            if w.pid is not None:
+                self.zygote.exit_code(w.pid, timeout_s=max(0.0, deadline - time.monotonic()))
             w.kill()
 
 
 _pool: WorkerPool | None = None
+_zygote: _Zygote | None = None
 _pool_lock = threading.Lock()
+
+
+def get_zygote() -> _Zygote:
+    """This process's zygote, started at the first call (it takes a few seconds to be ready, in the background)."""
+    with _pool_lock:
+        return _live_zygote()
+
+
+def _live_zygote() -> _Zygote:  # under _pool_lock
+    global _zygote
+    if _zygote is None or _zygote.owner != os.getpid() or _zygote.state == "dead":
+        _zygote = _Zygote()
+        atexit.register(_zygote.close)
+    return _zygote
+
+
+def prestart() -> None:
+    """Start the zygote now, when a function is decorated: its imports then overlap the program's own set-up
+    (model construction, data loading), not the first tuning call's compiles.
+
+    Not in a multiprocessing child (a DataLoader worker that re-imports the program): it never tunes.
+    """
+    if multiprocessing.parent_process() is None:
+        get_zygote()
 
 
 def get_pool(size: int, preload: tuple[str, ...] = ()) -> WorkerPool:
@@ -275,7 +384,7 @@ def get_pool(size: int, preload: tuple[str, ...] = ()) -> WorkerPool:
     global _pool
     with _pool_lock:
         if _pool is None or _pool.owner != os.getpid():
-            _pool = WorkerPool(size, preload)
+            _pool = WorkerPool(size, _live_zygote(), preload)
             atexit.register(_pool.close)
         else:
             _pool.grow(size)
@@ -301,9 +410,16 @@ def started_workers() -> int:
         return _pool.size if _pool is not None and _pool.owner == os.getpid() else 0
 
 
+def zygote_state() -> str | None:
+    """"booting", "ready" or "dead" for this process's zygote; None if none was started (tests, the log)."""
+    with _pool_lock:
+        return _zygote.state if _zygote is not None and _zygote.owner == os.getpid() else None
+
+
 def start_compile_workers(size: int | None = None, preload: tuple[str, ...] = ()) -> None:
-    """Start this process's compile workers now, so that their start-up overlaps the program's own (model
-    construction, data loading) instead of the first tuning call. Optional: tuning starts them when needed.
+    """Start this process's compile workers now, rather than at the first tuning call. Optional: decorating
+    a tuned function already starts the zygote they are forked from, and tuning forks them when needed.
+    Call it after torch.cuda.set_device: the workers compile for the current device's target.
 
     `preload`: the modules that define your kernels (e.g. ``("fla.ops.simple_gla",)``), imported by each
     worker while it starts; otherwise a worker imports a kernel's module at its first job.
@@ -325,53 +441,105 @@ def start_compile_workers(size: int | None = None, preload: tuple[str, ...] = ()
 
 
 def shutdown() -> None:
-    """Stop this process's workers now (they start again when needed)."""
-    global _pool
+    """Stop this process's workers and its zygote now (they start again when needed)."""
+    global _pool, _zygote
     with _pool_lock:
         pool, _pool = _pool, None
+        zygote, _zygote = _zygote, None
     if pool is not None:
         pool.close()
+    if zygote is not None:
+        zygote.close()
 
 
-# ---- the worker's side -------------------------------------------------------------------------
+# ---- the zygote's and the workers' side ------------------------------------------------------
 
 
-def _watch_parent(parent: int) -> None:
-    while True:
-        if os.getppid() != parent:
-            os._exit(0)  # orphaned mid-compile: nobody will read the answer
-        time.sleep(0.5)
-
-
-def serve(requests_fd: int, replies_fd: int, parent: int) -> None:
-    """A worker's life: compile what the parent sends, one config at a time, until its pipe closes."""
-    requests = Connection(requests_fd, writable=False)
-    replies = Connection(replies_fd, readable=False)
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+def zygote(control_fd: int, parent: int) -> None:
+    """The zygote's life: import once, then fork a worker per request until the rank closes its socket."""
+    sock = socket.socket(fileno=control_fd)
+    children: set[int] = set()
     try:
-        # Below the ranks' own threads: a worker that starts (imports) while its rank compiles on
-        # threads must not slow that rank down; once started it uses cores the rank leaves idle.
+        # Below the ranks' own threads: importing (here) and compiling (in the workers) must not slow the
+        # rank down; the workers inherit it and use the cores the rank leaves idle.
         with contextlib.suppress(OSError):
             os.nice(5)
-        boot = requests.recv()
-        use_compile_only_driver(boot["target"])
-        import torch  # noqa: F401,PLC0415  (kernel modules import it: pay for it before the first job)
-        if boot.get("sys_path"):
-            sys.path[:] = boot["sys_path"]
-        for module in boot.get("preload", ()):
+        import torch  # noqa: F401,PLC0415  (kernel modules import it: once here, not once per worker)
+        import triton.backends  # noqa: F401,PLC0415  (every backend's compiler, for whichever target comes)
+        prime_compiler_hash()  # inherited by every fork
+        sock.send(pickle.dumps(("ready",)))
+        while os.getppid() == parent:
+            readable, _, _ = select.select([sock], [], [], 0.5)
+            _reap(sock, children)
+            if not readable:
+                continue
+            data, fds, _, _ = socket.recv_fds(sock, _MESSAGE_BYTES, 1)
+            if not data:
+                break  # the rank closed the pool, or died
+            _prepare(pickle.loads(data))
+            pid = os.fork()
+            if pid == 0:
+                sock.close()
+                _worker(fds[0])  # never returns
+            for fd in fds:
+                os.close(fd)
+            children.add(pid)
+            sock.send(pickle.dumps(("forked", pid)))
+    except (OSError, EOFError, KeyboardInterrupt):
+        pass  # the rank is gone
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    os._exit(0)
+
+
+def _reap(sock: socket.socket, children: set[int]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        sock.send(pickle.dumps(("exited", pid, os.waitstatus_to_exitcode(status))))
+
+
+def _prepare(boot: dict[str, Any]) -> None:
+    """In the zygote, before a fork: what every worker needs, done once here rather than in each of them
+    (the preloaded kernel library, FLA say, took seconds per worker, all of them importing at once)."""
+    use_compile_only_driver(boot["target"])  # the rank's device's target, known only once the rank asks
+    if boot.get("sys_path"):
+        sys.path[:] = boot["sys_path"]
+    for module in boot.get("preload", ()):
+        if module not in sys.modules:
             with contextlib.suppress(Exception):  # a job for it will report the reason
                 importlib.import_module(module)
-        prime_compiler_hash()  # once, before the first job, rather than inside it
-        replies.send("ready")
+
+
+def _worker(fd: int) -> None:
+    try:
+        os.setsid()  # its own group: a timeout kills it with the ptxas it started
+        conn = Connection(fd)
+        threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+        conn.send("ready")
         while True:
-            spec = requests.recv()
+            spec = conn.recv()
             try:
                 compile_described(spec)
                 reply: tuple[str, str] = ("ok", "")
             except Exception as e:
                 reason = config_failure_reason(e)
                 reply = ("failure", reason) if reason is not None else ("error", f"{type(e).__name__}: {e}")
-            replies.send(reply)
+            conn.send(reply)
     except (EOFError, OSError, KeyboardInterrupt):
-        pass  # the parent closed the pool or died
-    os._exit(0)
+        pass  # the pool closed it, or the rank died
+    finally:
+        os._exit(0)
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        if os.getppid() != parent:
+            os._exit(0)  # the zygote is gone (so is the rank): nobody will read the answer
+        time.sleep(0.5)
