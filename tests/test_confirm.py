@@ -164,6 +164,33 @@ def test_the_default_objective_is_auto_and_a_key_no_stream_overlaps_is_confirmed
     assert call.executions == 2 * SLOTS + 2 * 3 + 1
 
 
+def test_under_the_default_objective_a_key_launched_while_another_stream_is_busy_is_judged_by_the_call(monkeypatch):
+    """The overlap stand-in: the function's side work (an all-gather on another stream) is in flight while the
+    kernel launches, and the config that hogs the GPU starves it. Without CUDA no stream is ever busy, so the
+    stream query is what stands in here; tests/test_gpu.py detects a real side stream's copy."""
+    from triton_ctx_tune.runtime import streams
+
+    side = {"in_flight": False}
+    monkeypatch.setattr(streams, "busy_elsewhere", lambda: side["in_flight"])
+    kernel = _kernel([_noisy(64, BIG, hogs=True), _noisy(32, 1.04 * BIG, hogs=False)])
+
+    @contextual_autotune(**FAST)  # the default objective
+    def op(x):
+        side["in_flight"] = True  # queued on the side stream before the launch
+        kernel[grid(N)](x, N)
+        if _slows_the_rest["on"]:
+            spend(0.5 * BIG)  # waiting for the starved all-gather
+        side["in_flight"] = False
+        return x
+
+    op(torch.zeros(N, device=DEVICE))
+    assert chosen(kernel) == {(N, "torch.float32"): 32}  # 4% slower per launch, 1.04 against 1.5 for the call
+    (confirm,) = _events("confirm")
+    assert confirm["end_to_end"] is True and confirm["candidates"] == [0, 1]
+    assert _events("decision")[-1]["end_to_end"] is True
+    assert op.last_call.executions == 2 * SLOTS + 2 * 3 + 1  # three whole-call samples each (host timer: one run per sample)
+
+
 def test_end_to_end_judges_the_call_and_finds_the_config_that_slows_it():
     kernel, call = _overlapping("end_to_end")
     assert chosen(kernel) == {(N, "torch.float32"): 32}  # 1.04 against 1.5 for the call

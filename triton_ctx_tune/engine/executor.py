@@ -329,7 +329,7 @@ class Executor:
         if slot is not None and slot.config in state.failures:
             record.failure = "skipped: this config failed in an earlier slot"
         elif slot is not None:
-            if slot.timed and not state.overlapped and self.services.timer.kind == "cuda-events":
+            if slot.timed and not state.overlapped:  # no stream is ever noted without CUDA: then always False
                 state.overlapped = self.services.overlapping()
             replay = slot.timed and self.services.timer.kind == "cuda-graph"
             token = self.services.timer.start(flush=True) if slot.timed and not replay else None
