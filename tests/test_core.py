@@ -1,10 +1,12 @@
 """Single-process behaviour of the contextual autotuner, on real Triton kernels."""
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -218,6 +220,26 @@ def serialized_interpreter(monkeypatch):
     monkeypatch.setattr(GridExecutor, "__call__", locked_call)
 
 
+@contextlib.contextmanager
+def own_stream() -> Iterator[None]:
+    """On a GPU, the calling thread's launches on a stream of its own; on the CPU, nothing changes.
+
+    Threads that share the default stream share its queue: another thread's declared costs
+    (torch.cuda._sleep, tests/kernels.py) land between this thread's timing events (runtime/timing.py
+    records them on the current stream) and can make a winning config measure 15 ms more. Entered
+    before any tuning call starts, so runtime/streams.py (which notes the streams made current while a
+    call re-executes, process-wide) notes none of these streams: no key is taken to overlap another
+    thread's stream. The exits only make the default stream current again, which it never notes."""
+    if DEVICE != "cuda":
+        yield
+        return
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # inputs made on the default stream are ready
+    with torch.cuda.stream(stream):
+        yield
+    stream.synchronize()  # the main thread reads the results on the default stream
+
+
 def test_threads_tune_independently_and_plain_launches_are_not_captured(serialized_interpreter):
     x = ramp(100)
     autotuner(K.scale_copy).cache[(100, "torch.float32", "torch.float32")] = triton.Config({"BLOCK": 16})
@@ -225,7 +247,7 @@ def test_threads_tune_independently_and_plain_launches_are_not_captured(serializ
     results: dict[str, object] = {}
 
     # Outside the timed slots, a real pause hands the interpreter to the other threads; the configs'
-    # declared costs (tests/kernels.py) count on each thread's own clock only.
+    # declared costs (tests/kernels.py) count on each thread's own clock (CPU) or stream (GPU) only.
     @contextual_autotune(**FAST)
     def op_a(x: torch.Tensor):
         h = x.clone()
@@ -241,11 +263,12 @@ def test_threads_tune_independently_and_plain_launches_are_not_captured(serializ
         return h
 
     def run(name, fn):
-        start.wait()
-        try:
-            results[name] = fn()
-        except BaseException as e:  # noqa: BLE001 (reported below)
-            results[name] = e
+        with own_stream():
+            start.wait()
+            try:
+                results[name] = fn()
+            except BaseException as e:  # noqa: BLE001 (reported below)
+                results[name] = e
 
     def plain():
         outs = []

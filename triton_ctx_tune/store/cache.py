@@ -459,17 +459,24 @@ class Stale:
 
     def describe(self, kernel: str, key: tuple) -> tuple[str, dict[str, Any]]:
         """The log line and the event's fields."""
-        older = "older " if self.source == "cache" else "other shipped "
-        more = f" (and {self.others} {older}entr{'y' if self.others == 1 else 'ies'})" if self.others else ""
-        what = f"the cached entry {self.path}" if self.source == "cache" else f"the shipped entry in {self.path}"
         p = self.plan
         how = ("Tuning again." if p is None else
                f"Tuning again incrementally: timing {len(p.new)} new and {len(p.anchors)} anchor configs, carrying "
                f"{len(p.carried) + len(p.carried_failed)} over.")
-        line = (f"cache-stale kernel={kernel} key={key!r}: {what}{more} does not apply: "
-                + "; ".join(self.reasons) + ". " + how)
-        return line, {"kernel": kernel, "key": list(key), "path": str(self.path), "reasons": self.reasons,
-                      "others": self.others, "source": self.source}
+        return stale_event(f"kernel={kernel} key={key!r}", {"kernel": kernel, "key": list(key)}, self.path,
+                           self.reasons, self.others, self.source, how)
+
+
+def stale_event(subject: str, fields: dict[str, Any], path: Path, reasons: list[str], others: int, source: str,
+                how: str = "Tuning again.") -> tuple[str, dict[str, Any]]:
+    """A cache-stale event's line and fields, for a kernel's entry (Stale) and a function's
+    (function_cache.FunctionStale) alike, so that the two read the same: `subject` and `fields` name what
+    missed, in the line's spelling and the event's; `source` is "cache" or "shipped"."""
+    older = "older " if source == "cache" else "other shipped "
+    more = f" (and {others} {older}entr{'y' if others == 1 else 'ies'})" if others else ""
+    what = f"the cached entry {path}" if source == "cache" else f"the shipped entry in {path}"
+    line = f"cache-stale {subject}: {what}{more} does not apply: " + "; ".join(reasons) + ". " + how
+    return line, {**fields, "path": str(path), "reasons": reasons, "others": others, "source": source}
 
 
 def closest_stale(candidates: Sequence[tuple[Path, dict[str, Any]]], ident: dict[str, Any], source: str,

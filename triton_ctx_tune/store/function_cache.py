@@ -22,7 +22,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .. import __version__
-from .cache import _jsonable, canonical, device_arch, device_identity, entry_filename, entry_id, write_json_atomically
+from .cache import (_jsonable, canonical, device_arch, device_identity, entry_filename, entry_id, stale_event,
+                    write_json_atomically)
 from ..runtime.collectives import Collectives
 from ..runtime.compat import TRITON_VERSION
 from ..errors import CacheWarning, RankMismatchError
@@ -41,12 +42,9 @@ class FunctionStale:
     others: int
 
     def describe(self, function: str, key: str) -> tuple[str, dict[str, Any]]:
-        """The cache-stale event's line and fields."""
-        more = f" (and {self.others} other shipped entr{'y' if self.others == 1 else 'ies'})" if self.others else ""
-        line = (f"cache-stale function={function} key={key}: the shipped entry in {self.path}{more} does not "
-                "apply: " + "; ".join(self.reasons) + ". Tuning again.")
-        return line, {"function": function, "key": key, "path": str(self.path), "reasons": self.reasons,
-                      "others": self.others, "source": "shipped"}
+        """The cache-stale event's line and fields (function entries are only ever stale in shipped files)."""
+        return stale_event(f"function={function} key={key}", {"function": function, "key": key}, self.path,
+                           self.reasons, self.others, "shipped")
 
 
 @dataclass
