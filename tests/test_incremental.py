@@ -240,9 +240,12 @@ def test_screening_keeps_carried_configs_within_its_factor_and_times_only_the_ot
     costs = _place(BASE, 2, (16, 4), 90.0)
     second = _kernel(costs)
     events, call = _tune(second, early_stop=1.5)
-    # Screening: one timed slot each for the new config and the anchors; all three are within 1.5x, so they get
-    # their other two. Carried configs take no slot: those within 1.5x of the best (135 ms) stay in the decision.
-    assert _timed_slots(events) == {2: 3, 0: 3, 1: 3}
+    # Screening: one timed slot each for the new config and the anchors; all three are within 1.5x. The new
+    # config gets a survivor's other two; an anchor's screening sample was the first of those two, so it gets
+    # one more. Carried configs take no slot: those within 1.5x of the best (135 ms) stay in the decision.
+    assert _timed_slots(events) == {2: 3, 0: 2, 1: 2}
+    # Warm-ups: one each before screening, none after (precompiled); the final run.
+    assert call.executions == (1 + 3) + 2 * (1 + 2) + 1
     (screen,) = [e for e in events if e["event"] == "screen"]
     assert screen["kept"] == [0, 1, 2, 3, 4]  # #3 {32, w1} 120 and #4 {32, w2} 130 carried, within 1.5x
     decision = _only(events, "decision")
@@ -250,19 +253,62 @@ def test_screening_keeps_carried_configs_within_its_factor_and_times_only_the_ot
     assert decision["reduced"][4] == pytest.approx(1.3 * decision["reduced"][0], rel=0.03)  # 130 ms against 100
 
 
-def test_a_config_added_to_a_list_of_18_on_the_default_schedule():
-    """Counted on the default schedule (n_warmup=3, n_repeat=5, screening at 1.5x): the new config and two
-    anchors are screened and timed, 19 executions, against 57 for the full tune of 18 (33%)."""
-    defaults = dict(n_warmup=3, n_repeat=5, early_stop=None, confirm=False)
-    costs = {(b, w): 100.0 + 11.0 * i for i, (b, w) in enumerate((b, w) for b in (16, 32, 64, 128, 256, 512)
-                                                               for w in (1, 2, 4))}
-    assert len(costs) == 18
-    _, full = _tune(_kernel(costs), **defaults)
+DEFAULTS = dict(n_warmup=3, n_repeat=5, early_stop=None, confirm=False)  # the default schedule, confirm off
+COSTS_18 = {(b, w): 100.0 + 11.0 * i for i, (b, w) in enumerate((b, w) for b in (16, 32, 64, 128, 256, 512)
+                                                                for w in (1, 2, 4))}
+# The executions of an incremental re-tuning that adds one config to COSTS_18, on the default schedule, when all
+# three timed configs pass the screening: the new config takes one warm-up, a screening sample and a survivor's
+# n_repeat - 1 = 4 samples (precompiled: no more warm-ups); each of the two anchors (the incumbent, the
+# runner-up) a warm-up and 4 samples, the first of which is its screening sample; then the final run.
+GROWN_18 = (1 + 1 + 4) + 2 * (1 + 4) + 1
+
+
+def _full_18():
+    assert len(COSTS_18) == 18
+    _, full = _tune(_kernel(COSTS_18), **DEFAULTS)
     # Screening 18 x 2 slots; the 5 within 1.5x of 100 ms (100 to 144) 4 more each (precompiled); the final run.
     assert full.executions == 18 * 2 + 5 * 4 + 1
-    grown = _place(costs, 5, (16, 8), 90.0)  # a 19th config, the new fastest
-    events, again = _tune(_kernel(grown), **defaults)
+    return full
+
+
+def test_a_config_added_to_a_list_of_18_on_the_default_schedule():
+    """Counted on the default schedule (n_warmup=3, n_repeat=5, screening at 1.5x), on the CPU with declared,
+    deterministic costs: the new config is screened and timed, the two anchors timed, 17 executions against 57
+    for the full tune of 18 (30%)."""
+    full = _full_18()
+    grown = _place(COSTS_18, 5, (16, 8), 90.0)  # a 19th config, the new fastest
+    events, again = _tune(_kernel(grown), **DEFAULTS)
     inc = _only(events, "incremental")
-    assert inc["new"] == [5] and len(inc["anchors"]) == 2
+    assert inc["new"] == [5] and inc["anchors"] == [0, 1]
     assert _only(events, "decision")["winner"] == 5
-    assert again.executions == 3 * 2 + 3 * 4 + 1  # 3 configs screened, all 3 within 1.5x, the final run
+    assert _timed_slots(events) == {5: 5, 0: 4, 1: 4}
+    assert again.executions == GROWN_18 == 17 <= 0.3 * full.executions
+
+
+def test_on_the_default_schedule_a_slower_new_config_leaves_the_incumbent():
+    _full_18()
+    grown = _place(COSTS_18, 0, (16, 8), 105.0)  # listed first, 5% slower than the incumbent
+    events, again = _tune(_kernel(grown), **DEFAULTS)
+    assert _only(events, "incremental")["anchors"] == [1, 2]  # the incumbent {16, w1} and the runner-up
+    d = _only(events, "decision")
+    assert (d["winner"], d["tie_break"]) == (1, None)
+    assert d["reduced"][0] == pytest.approx(1.05 * d["reduced"][1], rel=0.01)
+    assert again.executions == GROWN_18
+
+
+@pytest.mark.parametrize("cost, tie_break", [(101.5, None), (99.5, "incumbent")], ids=["1.5%-slower", "0.5%-faster"])
+def test_on_the_default_schedule_a_new_config_close_to_the_incumbent_leaves_it(cost, tie_break, tmp_path, monkeypatch):
+    """A new config listed first and within 2% of the incumbent, confirmation on (the default): it is re-timed
+    with the incumbent, and the incumbent stays, as the fastest or, within the tie band (the 1% floor here:
+    declared costs have no spread), by the tie-break that prefers it over the list's first. Twice from an
+    empty cache, alike."""
+    for attempt in range(2):
+        monkeypatch.setenv("TRITON_CTX_TUNE_CACHE_DIR", str(tmp_path / f"cache-{attempt}"))
+        _full_18()
+        events, again = _tune(_kernel(_place(COSTS_18, 0, (16, 8), cost)), **{**DEFAULTS, "confirm": None})
+        assert _only(events, "incremental")["anchors"] == [1, 2]
+        assert _only(events, "confirm")["candidates"] == [0, 1]  # within 3% (the confirmation's floor)
+        d = _only(events, "decision")
+        assert (d["winner"], d["tie_break"], d["confirmed"]) == (1, tie_break, [0, 1])
+        # The incremental re-tuning's 17, then 5 more interleaved samples of the two candidates.
+        assert again.executions == GROWN_18 + 2 * 5

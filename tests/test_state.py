@@ -59,3 +59,20 @@ def test_screening_then_interleaved_measurement_of_survivors():
     assert [s.take_slot() for _ in range(6)] == [
         Slot(0, 2, False), Slot(2, 2, False), Slot(0, 3, True), Slot(2, 3, True), Slot(0, 4, True), Slot(2, 4, True)]
     assert s.exhausted
+
+
+def test_an_anchor_counts_its_screening_sample_as_its_first_survivor_sample():
+    """Incremental re-tuning (store/incremental.py): #1 is an anchor, #2 carried, #0 and #3 new."""
+    s = KeyState(autotuner=None, key=(1,), configs=[triton.Config({"BLOCK": b}) for b in (16, 32, 64, 128)],  # type: ignore[arg-type]
+                 n_warmup=2, n_repeat=3, kernel="k", early_stop=1.5, carried={2}, anchors={1})
+    # Screened alike: the anchor's sample puts carried and new configs on one scale at the screening decision.
+    assert [s.take_slot() for _ in range(6)] == [
+        Slot(0, 0, False), Slot(0, 1, True), Slot(1, 0, False), Slot(1, 1, True), Slot(3, 0, False), Slot(3, 1, True)]
+    assert s.exhausted
+    s.keep([0, 1, 2, 3])
+    # A warm-up each, round-robin; one timed round with the anchor; then the new configs' last round alone:
+    # 3 samples for a new config (its screening sample and a survivor's 2), 2 for the anchor.
+    assert [s.take_slot() for _ in range(8)] == [
+        Slot(0, 2, False), Slot(1, 2, False), Slot(3, 2, False), Slot(0, 3, True), Slot(1, 3, True), Slot(3, 3, True),
+        Slot(0, 4, True), Slot(3, 4, True)]
+    assert s.exhausted

@@ -246,7 +246,8 @@ class Executor:
         state = KeyState(autotuner=at, key=key, configs=configs, n_warmup=self.opts.n_warmup,
                          n_repeat=self.opts.n_repeat, kernel=kernel_name(at), early_stop=self.services.early_stop,
                          point=self.assignment.point, end_to_end=end_to_end,
-                         carried=plan.untimed if plan is not None else set(), incremental=plan,
+                         carried=plan.untimed if plan is not None else set(),
+                         anchors=set(plan.anchors) if plan is not None else set(), incremental=plan,
                          share=(comm.rank, comm.world) if split else None)
         for i in plan.carried_failed if plan is not None else ():
             state.fail(i, CARRIED_FAILURE)

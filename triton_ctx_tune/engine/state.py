@@ -67,6 +67,10 @@ class Tunable:
     provisional: int | None = None
     # Configs that take no slot: their times were carried over from an earlier tuning (incremental.py).
     carried: set[int] = field(default_factory=set)
+    # Configs an earlier tuning found among the fastest, timed again to calibrate (incremental.py's anchors).
+    # Screening has nothing to find out about them, so their screening sample is the first of their
+    # survivor samples rather than one more (keep()).
+    anchors: set[int] = field(default_factory=set)
     # Confirmation (decisions.py): the close candidates that were re-timed, interleaved, before the decision.
     confirmed: list[int] | None = None
     # Split screening: (rank, world) when the ranks share the screening pass, each screening a different
@@ -142,11 +146,19 @@ class Tunable:
         self.screening = False
         self.dropped = set(range(len(self.configs))) - set(survivors)
         if self.split:
+            # Anchors too take every lockstep slot: their screening sample came from one rank only.
             self._time_in_lockstep([c for c in survivors if c not in self.carried])
             return
         # A precompiled config has been compiled, loaded and launched once: more warm-ups add nothing.
         warmups = 0 if self.precompiled else max(self.n_warmup - 1, 0)
-        self._extend([c for c in survivors if c not in self.carried], warmups, self.n_repeat - 1, interleave=True)
+        timed = [c for c in survivors if c not in self.carried]
+        # A survivor earns its n_repeat - 1 timed slots with a screening sample that asked whether it was worth
+        # them; an anchor was already known to be (the old entry's fastest, or its winner), so its screening
+        # sample, which calibrated the screening's scale, counts as the first of those slots: n_repeat - 1
+        # samples in all, every round but the last taken in step with the new configs'.
+        self._extend(timed, warmups, self.n_repeat - 1 - bool(self.anchors), interleave=True)
+        if self.anchors:
+            self._extend([c for c in timed if c not in self.anchors], 0, 1, interleave=True)
 
     def _time_in_lockstep(self, configs: list[int]) -> None:
         """After a split screening: every rank takes the same slots of `configs`, round-robin, so every

@@ -16,6 +16,15 @@ The scale absorbs drift between the two runs (clocks, a busier machine). A confi
 time is compared with new times is never strictly faster than the best anchor: anchors are the old
 fastest, and at least one of them has a ratio at or below the median. So the best config is always
 one measured now, and screening (1.5x of the best) never keeps carried configs alone.
+
+What the roles cost on a schedule with screening (engine/state.py, Tunable.keep): a new config is screened
+(a warm-up and one sample) and, if it survives, takes a survivor's n_repeat - 1 samples. An anchor takes part
+in the screening, since its sample is what puts the carried configs and the new ones on one scale there, but
+the screening has nothing to find out about it: the old entry already ranked it among the fastest. So its
+screening sample is the first of a survivor's n_repeat - 1, not one more. One config added to 18 on the
+default schedule (n_warmup=3, n_repeat=5, 1.5x) then costs 6 + 2 x 5 + the final run = 17 executions, where
+a full tune costs 57 (tests/test_incremental.py). Without screening every timed config, anchors too, takes
+the whole n_warmup + n_repeat.
 """
 from __future__ import annotations
 
