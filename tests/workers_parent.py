@@ -120,7 +120,7 @@ def default_path() -> dict[str, Any]:
     at_decoration = CW.zygote_state()
     n = TuneOptions().resolved_compile_workers()
     assert CW.get_zygote().wait_ready(240), "the zygote did not start"  # the program's own set-up, meanwhile
-    first = tune(K.double_, 1000, workers=n)  # forks the pool: its workers may still start while this compiles
+    first = tune(K.double_, 1000, workers=n)  # forks the pool, and waits for its workers
     pool = get_pool(n)
     assert pool.wait_ready(240), "workers did not start"
     second = tune(K.limited_add_one_, 100, workers=n, LIMIT=64)  # every worker has started now

@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--early-workers", action="store_true",
                    help="ours: start the compile worker processes when the job starts (start_compile_workers()), "
                         "before the libraries are imported, as a training script would during its set-up")
+    p.add_argument("--decorated-at-start", action="store_true",
+                   help="ours: start the compile workers' zygote when the job starts, as decorating the step at "
+                        "import would (the harness decorates it just before its first call)")
     p.add_argument("--profile", metavar="DIR",
                    help="sample every thread's stack during each client's first call on rank 0: DIR/<client>.txt, also printed")
     p.add_argument("--small", action="store_true", help="tiny shapes (a quick functional run, not the benchmark)")
@@ -210,6 +213,10 @@ def run_job(args: argparse.Namespace, cache: dict[str, Any], runner: Any = None)
 
         # They boot, importing the libraries' kernels, while this process does the same and builds the model.
         start_compile_workers(preload=tuple(s.import_name for s in specs))
+    if getattr(args, "decorated_at_start", False) and args.arm == "ours":
+        from triton_ctx_tune.compile import compile_workers
+
+        compile_workers.prestart()  # what @contextual_autotune at a module's import does
     import_libraries(specs)
     backend = os.environ.get("TRITON_CTX_TUNE_BACKEND") or ("nccl" if cuda else "gloo")
     if cuda:

@@ -48,6 +48,10 @@ BOOT_TIMEOUT_S = 300.0
 # A worker that fails to start is not replaced after this many such failures: the pool is broken
 # (an environment the child cannot import in), and the threads compile instead.
 MAX_BOOT_FAILURES = 3
+# Seconds after a pool is made during which a compile waits for its first worker rather than running on a
+# thread: the zygote's imports take a few seconds, and configs a thread took on meanwhile (GIL-bound, about
+# one at a time) were still compiling there long after 16 workers stood idle (the FLA step on an H100).
+STARTING_WAIT_S = 20.0
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds triton_ctx_tune/
 _BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from triton_ctx_tune.compile.compile_workers import zygote; "
@@ -203,6 +207,7 @@ class WorkerPool:
         # Modules a worker could not compile from (why, as the worker said it): their kernels use threads.
         self.unusable: dict[str, str] = {}
         self.undescribed = 0  # configs precompile could not describe to a worker (compat.describe_compile)
+        self.made = time.monotonic()
         self.grow(size)
 
     @property
@@ -225,6 +230,21 @@ class WorkerPool:
     def ready(self) -> int:
         with self._cond:
             return sum(w.state in ("idle", "busy") for w in self._workers)
+
+    def ready_soon(self) -> bool:
+        """Whether a worker is ready, waiting while none is but some are being forked, until STARTING_WAIT_S
+        after the pool was made (a broken start does not hold compiles up longer than that). No wait while the
+        zygote itself still imports torch (a function decorated just before its call): threads compile then."""
+        if self.zygote.state != "ready":
+            return self.ready() > 0
+        deadline = self.made + STARTING_WAIT_S
+        with self._cond:
+            while not any(w.state in ("idle", "busy") for w in self._workers):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed or not any(w.state == "booting" for w in self._workers):
+                    return False
+                self._cond.wait(left)
+            return True
 
     def grow(self, size: int) -> None:
         with self._cond:
@@ -460,10 +480,6 @@ def zygote(control_fd: int, parent: int) -> None:
     sock = socket.socket(fileno=control_fd)
     children: set[int] = set()
     try:
-        # Below the ranks' own threads: importing (here) and compiling (in the workers) must not slow the
-        # rank down; the workers inherit it and use the cores the rank leaves idle.
-        with contextlib.suppress(OSError):
-            os.nice(5)
         import torch  # noqa: F401,PLC0415  (kernel modules import it: once here, not once per worker)
         import triton.backends  # noqa: F401,PLC0415  (every backend's compiler, for whichever target comes)
         prime_compiler_hash()  # inherited by every fork
@@ -520,6 +536,10 @@ def _prepare(boot: dict[str, Any]) -> None:
 def _worker(fd: int) -> None:
     try:
         os.setsid()  # its own group: a timeout kills it with the ptxas it started
+        # Below the rank's own threads, on the cores the rank leaves idle. Not the zygote: its imports are
+        # on the first call's critical path (no worker starts before they end), and it is one process.
+        with contextlib.suppress(OSError):
+            os.nice(5)
         conn = Connection(fd)
         threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
         conn.send("ready")

@@ -88,12 +88,14 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
         return {}, {}, []
     by_workers: list[int] = []
     undescribed: list[int] = []  # configs compile_workers cannot describe to a worker (logged)
+    first = indices[0] if on_ready is not None else None  # what a waiting execution runs first
 
     def one(i: int) -> tuple[Any, str | None]:
         if device is not None:
             torch.cuda.set_device(device)  # Triton picks the target from this thread's current device
         try:
-            if pool is not None and pool.ready():
+            # The config an execution waits for compiles here if no worker is ready; the others wait for one.
+            if pool is not None and (pool.ready() if i == first else pool.ready_soon()):
                 spec = describe_compile(state.autotuner, state.configs[i], args, kwargs)
                 if spec is None:
                     undescribed.append(i)
@@ -119,7 +121,6 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     if math.isinf(timeout_s) and (threads <= 1 or len(indices) <= 1):
         results = {i: one(i) for i in indices}  # nothing to bound: no thread needed
     else:
-        first = indices[0] if on_ready is not None else None  # what a waiting execution runs first
         done, late = run_with_deadline(indices, one, threads, timeout_s + (WORKER_GRACE_S if pool else 0.0),
                                        gate=lambda i: GATE.enter(i == first, threads, len(state.configs)))
         results = {i: r for i, r in done.items()}
