@@ -7,10 +7,10 @@ importing torch, and W ranks x N workers importing at once competed with the ran
 zygote, when a tuned function is decorated, long before its first call: it imports torch, triton
 and this package once, primes Triton's compiler hash, and then forks a worker in milliseconds
 whenever the pool asks for one (a fork server, as multiprocessing's 'forkserver' with preloaded
-modules, but without re-running the parent's main script). The zygote never touches a GPU, so no
-CUDA context is forked. A worker compiles a config described by compat.describe_compile for the
-parent's GPU target; the binary lands in Triton's disk cache, where the parent's own compile-only
-launch then finds it.
+modules, but without re-running the parent's main script). The zygote initialises no GPU itself
+(a kernel library it imports for the workers may: FLA asks for the device's name at import). A
+worker compiles a config described by compat.describe_compile for the parent's GPU target; the
+binary lands in Triton's disk cache, where the parent's own compile-only launch then finds it.
 
 Each worker leads its own process group, so a compile that runs past its limit is killed with the
 ptxas it started. The zygote reaps its workers and reports how each ended (the crash message names
@@ -197,7 +197,7 @@ class WorkerPool:
 
     def __init__(self, size: int, zygote: _Zygote, preload: tuple[str, ...] = ()) -> None:
         self.owner = os.getpid()
-        self.preload = preload  # kernel modules a worker imports before it says it is ready
+        self.preload = preload  # kernel modules the zygote imports before it forks the workers
         self.target = compile_target()
         self.zygote = zygote
         self._cond = threading.Condition()
@@ -222,14 +222,16 @@ class WorkerPool:
     def status(self) -> dict[str, object]:
         """For the precompile log event: how many workers run, and why any kernel module is left to threads."""
         with self._cond:
-            return {"ready": sum(w.state in ("idle", "busy") for w in self._workers),
-                    "booting": sum(w.state == "booting" for w in self._workers),
+            return {"ready": self._count("idle", "busy"), "booting": self._count("booting"),
                     "boot_failures": self._boot_failures, "unusable": dict(self.unusable),
                     "zygote": {"pid": self.zygote.pid, "state": self.zygote.state}}
 
+    def _count(self, *states: str) -> int:  # under self._cond
+        return sum(w.state in states for w in self._workers)
+
     def ready(self) -> int:
         with self._cond:
-            return sum(w.state in ("idle", "busy") for w in self._workers)
+            return self._count("idle", "busy")
 
     def ready_soon(self) -> bool:
         """Whether a worker is ready, waiting while none is but some are being forked, until STARTING_WAIT_S
@@ -239,9 +241,9 @@ class WorkerPool:
             return self.ready() > 0
         deadline = self.made + STARTING_WAIT_S
         with self._cond:
-            while not any(w.state in ("idle", "busy") for w in self._workers):
+            while not self._count("idle", "busy"):
                 left = deadline - time.monotonic()
-                if left <= 0 or self._closed or not any(w.state == "booting" for w in self._workers):
+                if left <= 0 or self._closed or not self._count("booting"):
                     return False
                 self._cond.wait(left)
             return True
@@ -255,7 +257,7 @@ class WorkerPool:
         """Block until every live worker has started (tests, benchmarks); False at the deadline."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while any(w.state == "booting" for w in self._workers):
+            while self._count("booting"):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -398,8 +400,8 @@ def prestart() -> None:
 def get_pool(size: int, preload: tuple[str, ...] = ()) -> WorkerPool:
     """This process's pool, started at the first call and grown to the largest size asked for.
 
-    `preload`: modules the workers import while they start (the first kernel's, when tuning starts
-    them), so that a worker's first job does not pay for importing a kernel library.
+    `preload`: modules the zygote imports before it forks the workers (the first kernel's, when tuning
+    starts them), so that no worker's first job pays for importing a kernel library.
     """
     global _pool
     with _pool_lock:
@@ -441,8 +443,8 @@ def start_compile_workers(size: int | None = None, preload: tuple[str, ...] = ()
     a tuned function already starts the zygote they are forked from, and tuning forks them when needed.
     Call it after torch.cuda.set_device: the workers compile for the current device's target.
 
-    `preload`: the modules that define your kernels (e.g. ``("fla.ops.simple_gla",)``), imported by each
-    worker while it starts; otherwise a worker imports a kernel's module at its first job.
+    `preload`: the modules that define your kernels (e.g. ``("fla.ops.simple_gla",)``), imported once by the
+    zygote before it forks the workers; otherwise the first tuning call has it import the first kernel's.
     """
     from ..runtime.compat import interpret_mode
 
@@ -479,6 +481,7 @@ def zygote(control_fd: int, parent: int) -> None:
     """The zygote's life: import once, then fork a worker per request until the rank closes its socket."""
     sock = socket.socket(fileno=control_fd)
     children: set[int] = set()
+    prepared = b""  # the last fork request _prepare() carried out
     try:
         import torch  # noqa: F401,PLC0415  (kernel modules import it: once here, not once per worker)
         import triton.backends  # noqa: F401,PLC0415  (every backend's compiler, for whichever target comes)
@@ -492,7 +495,9 @@ def zygote(control_fd: int, parent: int) -> None:
             data, fds, _, _ = socket.recv_fds(sock, _MESSAGE_BYTES, 1)
             if not data:
                 break  # the rank closed the pool, or died
-            _prepare(pickle.loads(data))
+            if data != prepared:  # a pool's forks all ask the same: set up once, not before each fork
+                _prepare(pickle.loads(data))
+                prepared = data
             pid = os.fork()
             if pid == 0:
                 sock.close()
