@@ -116,6 +116,35 @@ def online() -> dict[str, Any]:
             "chosen": {repr(k): v for k, v in K.chosen(K.double_).items()}}
 
 
+def online_defaults() -> dict[str, Any]:
+    """Issue 38's hang: two kernels of 3 configs each and an all_reduce, online with the default options
+    (split screening on, background compiles), n_repeat=2, n_warmup=1. 3 configs over 2 ranks give uneven
+    screening shares; every call must still end with the same collectives on every rank."""
+    K.reset_caches()
+    runs = {"n": 0}
+
+    @contextual_autotune(is_dist=True, online=True, n_repeat=2, n_warmup=1, cache=False)
+    def step(x: torch.Tensor) -> torch.Tensor:
+        runs["n"] += 1
+        K.double_[grid(128)](x, 128)
+        K.add_one_[grid(128)](x, 128)
+        y = x.clone()
+        dist.all_reduce(y)
+        return y
+
+    x = torch.zeros(128, device=DEVICE)
+    expected = torch.zeros(128, device=DEVICE)
+    decided_at = None
+    for call in range(1, 41):
+        step(x)
+        expected = expected * 2 + 1
+        if decided_at is None and step._online is None:
+            decided_at = call
+    return {"decided_at": decided_at, "runs": runs["n"], "x_ok": bool(torch.equal(x, expected)),
+            "chosen": {f"{name}{key!r}": v for name, k in (("double_", K.double_), ("add_one_", K.add_one_))
+                       for key, v in K.chosen(k).items()}}
+
+
 def online_mismatch() -> dict[str, Any]:
     """Rank 1 launches a key the others do not, in its third call: a named error on every rank, no hang."""
     K.reset_caches()
@@ -140,5 +169,5 @@ def online_mismatch() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main({"train_step": train_step, "limit_on_rank1": limit_on_rank1, "online": online,
+    main({"train_step": train_step, "limit_on_rank1": limit_on_rank1, "online": online, "online_defaults": online_defaults,
           "online_mismatch": online_mismatch})

@@ -133,7 +133,8 @@ def test_online_refuses_what_needs_re_execution(options):
 def test_online_ranks_take_the_same_calls_and_a_rank_that_launches_more_is_named(world, tmp_path):
     from tests.test_dist import run_ranks
 
-    results = run_ranks(world, ["online", "online_mismatch"], tmp_path, worker="exactly_once_worker.py")
+    results = run_ranks(world, ["online", "online_mismatch", "online_defaults"], tmp_path,
+                        worker="exactly_once_worker.py")
     rows = results["online"]
     for row in rows:
         assert "error" not in row, row.get("traceback")
@@ -144,3 +145,10 @@ def test_online_ranks_take_the_same_calls_and_a_rank_that_launches_more_is_named
         assert "error" not in row, row.get("traceback")
         assert row["outcome"].startswith("RankMismatchError"), row["outcome"]
         assert row["runs"] == 3  # the third call, where rank 1 launched another key, raised on every rank
+    rows = results["online_defaults"]  # issue 38: this hung at 2 ranks with split screening on
+    for row in rows:
+        assert "error" not in row, row.get("traceback")
+        assert row["runs"] == 40 and row["x_ok"]  # one execution per call; each call's writes applied once
+        assert row["decided_at"] is not None and row["decided_at"] <= 20, row
+        assert set(row["chosen"]) == {"double_(128, 'torch.float32')", "add_one_(128, 'torch.float32')"}
+    assert all(row["chosen"] == rows[0]["chosen"] and row["decided_at"] == rows[0]["decided_at"] for row in rows)

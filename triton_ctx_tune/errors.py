@@ -148,6 +148,26 @@ class CollectiveTimeoutError(CtxTuneError):
         self.timeout_s = timeout_s
 
 
+class ScheduleMismatchError(CtxTuneError):
+    """Ranks were about to issue different collectives of the tuner (the schedule guard, collectives.py)."""
+
+    def __init__(self, rank: int, views: Sequence[Mapping[str, Any]]) -> None:
+        groups: dict[str, list[int]] = {}
+        for r, v in enumerate(views):
+            text = (f"collective #{v['seq']} '{v['what']}' (call {v['call']}"
+                    + (f" of {v['function']}" if v.get("function") else "") + f", step {v['step']}"
+                    + (f", {v['doing']}" if v.get("doing") else "") + f"; {v['op']}, {v['shape']})")
+            groups.setdefault(text, []).append(r)
+        lines = [f"  rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {t}" for t, rs in groups.items()]
+        super().__init__(
+            f"rank {rank}: ranks were about to issue different collectives of the tuner, so none was issued:\n"
+            + "\n".join(lines) + "\nFix: every rank must call the tuned function the same way (same arguments, "
+            "options and launches) and every rank must leave it the same way; if they did, this is a bug in the "
+            "tuner's schedule: report it with every rank's JSONL log (its 'collective' events).")
+        self.rank = rank
+        self.views = list(views)
+
+
 class UnattributedLaunchWarning(UserWarning):
     """A launch Triton will tune on its own, on this rank alone, while a tuning call is open."""
 

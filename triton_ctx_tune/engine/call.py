@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from ..runtime.compat import Autotuner, kernel_name, launch_cached, prune_configs, tuning_key
+from ..runtime.compat import (Autotuner, config_failure_reason, declared_writes, kernel_name, launch_cached, prune_configs, restores,
+                              tuning_key)
 from ..errors import EmptyConfigSpaceError, TuneDuringCaptureError
 from .exactly_once import StateGuard, paused
 from ..options import TuneOptions
@@ -49,6 +50,8 @@ class Call:
         self.deferred: list[tuple[str, tuple]] = []
 
     def launch(self, at: Autotuner, args: tuple, kwargs: dict[str, Any]) -> Any:
+        if self.guard is not None and restores(at):  # (a watched call only: warm calls pay nothing)
+            self.guard.before_kernel(kernel_name(at), declared_writes(at, args, kwargs))
         session = self.session
         if session is None or session.lean:  # lean: a step timed end to end runs as a tuned call will
             if len(at.configs) <= 1:
@@ -80,13 +83,20 @@ class Call:
         return config
 
     def run_deferred(self, at: Autotuner, key: tuple, args: tuple, kwargs: dict[str, Any]) -> Any:
-        """An untuned key in a call that may not re-execute: its first config runs, untuned, this once."""
+        """An untuned key in a call that may not re-execute: its first config that runs here runs, untuned, once."""
         if (kernel_name(at), key) not in self.deferred:
             self.deferred.append((kernel_name(at), key))
         configs = prune_configs(at, args, kwargs)
         if not configs:
             raise EmptyConfigSpaceError(kernel_name(at), key)
-        return launch_cached(at, configs[0], args, kwargs)
+        for config in configs[:-1]:
+            try:
+                return launch_cached(at, config, args, kwargs)
+            except Exception as e:
+                if config_failure_reason(e) is None:
+                    raise
+                # A config that cannot run here (on this rank) is no error of the function: the next one runs.
+        return launch_cached(at, configs[-1], args, kwargs)
 
     def start_session(self, at: Autotuner, key: tuple | None) -> Session:
         """Turn this call into a tuning call; the execution in progress is its first step."""

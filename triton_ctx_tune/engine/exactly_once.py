@@ -153,6 +153,10 @@ class StateGuard:
     grads: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
     optimizers: dict[int, tuple[Any, dict[Any, dict[str, Any]]]] = field(default_factory=dict)
     cannot_undo: list[str] = field(default_factory=list)
+    # Kernels that declare in-place writes (restore_value, reset_to_zero): their own hooks undo them between
+    # executions, but a later call must know the function changes older state (it then defers a new key
+    # rather than turn an unwatched execution, whose writes stay, into a tuning call).
+    declared: list[str] = field(default_factory=list)
     rng: _RngState = field(default_factory=_RngState.read)
     bytes: int = 0
     executions: int = 0
@@ -191,6 +195,19 @@ class StateGuard:
                         if key is not None:
                             self.created.add(key)
 
+    def before_kernel(self, kernel: str, writes: list[tuple[str, torch.Tensor]]) -> None:
+        """A kernel that writes in place by its own declaration (restore_value, reset_to_zero) is about to
+        launch. Its hooks undo it only in a benchmarked launch: a launch on the warm path, before the call
+        became a tuning call, writes for good, so the guard keeps a copy to rewind it like any other write."""
+        what = f"the in-place arguments of {kernel} (restore_value / reset_to_zero)"
+        with self._lock:
+            if what not in self.declared:
+                self.declared.append(what)
+        info = _OpInfo(kernel, (), (), 1, False)
+        with _unwatched():
+            for name, t in writes:
+                self._copy(t, info, name)
+
     def before_backward(self, roots: Any, inputs: Any) -> None:
         """Record the leaves a backward pass will accumulate into, with the .grad each holds now."""
         leaves = list(_tensors(inputs)) if inputs is not None else _graph_leaves(list(_tensors(roots)))
@@ -206,7 +223,7 @@ class StateGuard:
                 self.optimizers[id(optimizer)] = (optimizer, {p: dict(s) for p, s in optimizer.state.items()})
 
     def summary(self) -> str:
-        parts = [c.what for c in self.copies.values()] + self.cannot_undo
+        parts = [c.what for c in self.copies.values()] + self.cannot_undo + self.declared
         parts += [f".grad of {describe_tensor(leaf)}" for leaf, _ in self.grads.values()]
         parts += [f"the state of {type(opt).__name__}" for opt, _ in self.optimizers.values()]
         return "; ".join(dict.fromkeys(parts[:12])) + (f"; and {len(parts) - 12} more" if len(parts) > 12 else "")
@@ -214,7 +231,7 @@ class StateGuard:
     @property
     def changed_state(self) -> bool:
         """Whether the executions wrote into state older than the call (what later calls need to know)."""
-        return bool(self.copies or self.grads or self.optimizers or self.cannot_undo)
+        return bool(self.copies or self.grads or self.optimizers or self.cannot_undo or self.declared)
 
     # ---- between executions (the caller's thread, nothing running) ----
 
@@ -253,6 +270,7 @@ class StateGuard:
 
     def release(self) -> None:
         """Drop the copies (the call is over)."""
+        self.declared.clear()
         self.copies.clear()
         self.grads.clear()
         self.optimizers.clear()

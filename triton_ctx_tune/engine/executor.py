@@ -146,7 +146,7 @@ class Executor:
         step, with every config compiled and loaded."""
         assert state.compiling is not None
         slot = state.peek()
-        stand_in = slot is not None and not slot.timed and not state.end_to_end  # (end-to-end slots are steps)
+        stand_in = slot is not None and slot.warmup and not state.end_to_end  # (end-to-end slots are steps)
         record = SlotRecord(state.take_slot() if stand_in else None, None)
         if record.slot is not None:
             state.records.append(record)

@@ -47,7 +47,17 @@ class CallServices:
 
     @functools.cached_property
     def comm(self) -> Collectives:
-        return Collectives(self.opts.is_dist, self.opts.group, self.opts.resolved_timeout())
+        comm = Collectives(self.opts.is_dist, self.opts.group, self.opts.resolved_timeout())
+        comm.on_header = self._record_collective
+        comm.function = self.function
+        return comm
+
+    def _record_collective(self, h: dict[str, Any]) -> None:
+        self.ensure_header()
+        self.log.write("collective", f"collective #{h['seq']} {h['op']} '{h['what']}' call={h['call']} "
+                       f"step={h['step']} {h['shape']}" + (f" ({h['doing']})" if h["doing"] else ""),
+                       seq=h["seq"], tuning_call=h["call"], step=h["step"], op=h["op"], what=h["what"],
+                       doing=h["doing"], shape=h["shape"])
 
     @functools.cached_property
     def timer(self) -> HostTimer | CudaEventTimer:

@@ -14,13 +14,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..errors import CollectiveTimeoutError, CtxTuneError, NoValidPointError, RankMismatchError
+from ..errors import (CollectiveTimeoutError, CtxTuneError, NoValidPointError, RankMismatchError,
+                      ScheduleMismatchError)
 from ..options import TuneOptions
 from ..runtime.collectives import Collectives
 from ..tools.logs import RankLog, fmt_ms
 from .decisions import Decisions, TunedKey, plain_point
 from .executor import Executor
 from .progress import steps_left
+from . import schedule
+from .schedule import StepEnd, StepReport
 from .search import Assignment, PointTunable, Search
 from .services import CallServices, StepServices
 from .state import KeyState
@@ -118,13 +121,22 @@ class Session:
         return self.executor.launch(at, args, kwargs)
 
     def close(self, exc_type: type[BaseException] | None = None, exc: BaseException | None = None) -> None:
-        self.services.close(self.stats, self._started, exc_type, exc)
+        try:
+            if isinstance(exc, Exception) and not isinstance(exc, (CollectiveTimeoutError, ScheduleMismatchError)):
+                # A rank that leaves with an error tells the ranks still at one of the call's collectives,
+                # which then raise at once instead of at the deadline (every rank ends the same way).
+                self.comm.abandon(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        except (ScheduleMismatchError, CollectiveTimeoutError):
+            pass  # the ranks that did not leave raise the mismatch; this rank raises its own error
+        finally:
+            self.services.close(self.stats, self._started, exc_type, exc)
 
     # ---- steps --------------------------------------------------------------------------------
 
     def begin_step(self, midway: bool = False) -> Assignment:
         """Plan the next step; `midway`: the execution in progress became the first step (call.py)."""
         self._slot_marks = {id(s): s.next_slot for s in self.search.kernels.values() if not s.decided}
+        self.comm.at(self.stats.executions + 1, f"running step {self.stats.executions + 1}")
         assignment = self.search.assignment()
         self.executor.begin(assignment, final=self.search.finished and not midway)
         return assignment
@@ -186,51 +198,54 @@ class Session:
 
     def end_step(self, samples: list[Callable[[], float]] | None = None, failure: str | None = None,
                  output: Any = None, runs: int = 1) -> bool:
-        """Close one step of `runs` executions; True when it ran every kernel with its final config."""
+        """Close one step of `runs` executions; True when it ran every kernel with its final config.
+
+        Every collective below follows the schedule (schedule.py): the ranks first agree on the step,
+        and each later branch reads only that agreement and the search's agreed state."""
         self.stats.executions += runs
         a, ex = self.assignment, self.executor
-        if failure is None and not self.online:  # online, a key waits for the calls that launch it
-            for s in self.search.of_point(a.point):
-                if not s.settled and not s.end_to_end and id(s) not in ex.launched:
-                    raise CtxTuneError(
-                        f"kernel {s.kernel} key {s.key!r} was launched in an earlier execution of {self.function} "
-                        "but not in the last one, so its tuning cannot finish. A tuned function must launch the "
-                        "same kernels with the same keys every time it runs within one call; move data-dependent "
-                        "launches out of it.")
-        clean = ex.tuning_launches == 0 and not ex.new_states
-        if failure is None and clean and self.search.finished:
+        self.comm.at(self.stats.executions, f"ending step {self.stats.executions}")
+        if schedule.skip_step_end is not None and schedule.skip_step_end(self.function, self.comm.rank,
+                                                                         self.stats.executions):
+            return False
+        try:
+            end = self._agree(StepReport.of(self.search, a, ex.new_states, ex.tuning_launches, failure,
+                                            self._missing_launch(failure)))
+        except CollectiveTimeoutError as e:
+            self.executor.name_suspects(e)
+            raise
+        if end.void:
+            ex.finish_compiles(void=True)
+            self.point_failed(a, "; ".join(f"rank {r}: {m}" for r, m in sorted(end.failures.items())),
+                              {str(r): m for r, m in end.failures.items()})
+            return False
+        if end.error is not None:
+            raise CtxTuneError(end.error)
+        if end.final:
             return True
         if self.stats.executions >= self.opts.max_executions and not self.online:
             raise CtxTuneError(
                 f"{self.function} ran {self.stats.executions} times without finishing its tuning "
                 f"(max_executions={self.opts.max_executions}); it probably launches new keys on every "
                 "execution (a shape that changes each time). Make its shapes fixed within one call.")
-        try:
-            failures = self._check_agreement(failure)
-        except CollectiveTimeoutError as e:
-            self.executor.name_suspects(e)
-            raise
-        if self.services.quarantine is not None and not failures:
+        if self.services.quarantine is not None:
             for state in ex.new_states:
                 ex.apply_quarantine(state)
-        ex.finish_compiles(void=bool(failures))
+        ex.finish_compiles(void=False)
         self.services.timer.sync()
-        if failures:
-            self.point_failed(a, "; ".join(f"rank {r}: {m}" for r, m in sorted(failures.items())),
-                               {str(r): m for r, m in failures.items()})
-            return False
         if self.checks is not None and self.checks.point_invalid(a, output):
             return False
-        if a.measured is not None and clean:
+        if a.measured is not None and end.clean:
             self._take_step_sample(a, samples or [])
         if self.checks is not None:
             self.checks.after_step(a, output)
         if self.search.points is not None and a.point is not None:
             self.search.points.seen.add(a.point)
         self.executor.log_slots(self.stats.executions)
-        finishing = self.search.finishing()
+        finishing = self.search.finishing()  # slot counts are agreed: the same tunables on every rank
         if finishing:
             self.services.progress.clear()  # the decisions print summary lines
+            self.comm.at(self.stats.executions, "deciding " + ", ".join(_subject_of(t) for t in finishing))
             self.decisions.decide(finishing)
         if self.search.finished:
             for s in self.search.kernels.values():
@@ -239,6 +254,19 @@ class Session:
                           for s in self.search.kernels.values() if not s.settled and not s.end_to_end)
         self.services.progress.update(self.stats.executions, self.stats.executions + left)
         return False
+
+    def _missing_launch(self, failure: str | None) -> str | None:
+        """Re-execution: a key still tuning that this execution did not launch cannot finish (online, a key
+        waits for the calls that launch it). Raised on every rank once the ranks agree on the step."""
+        if failure is not None or self.online:
+            return None
+        for s in self.search.of_point(self.assignment.point):
+            if not s.settled and not s.end_to_end and id(s) not in self.executor.launched:
+                return (f"kernel {s.kernel} key {s.key!r} was launched in an earlier execution of {self.function} "
+                        "but not in the last one, so its tuning cannot finish. A tuned function must launch the "
+                        "same kernels with the same keys every time it runs within one call; move data-dependent "
+                        "launches out of it.")
+        return None
 
     def note_online_call(self, wall_s: float, decided_before: set[int]) -> None:
         """Log one call of an online session: what it cost and what it advanced (report.py sums them)."""
@@ -286,33 +314,38 @@ class Session:
         if len(pts.failures) == len(pts.configs):
             raise NoValidPointError(self.function, {repr(p): [pts.failures[i]] for i, p in enumerate(pts.configs)})
 
-    def _check_agreement(self, failure: str | None) -> dict[int, str]:
-        """Ranks agree on what the step tuned; returns every rank's failure of the step ({} when none failed)."""
-        a = self.assignment
-        mine = {"new": [s.describe() for s in self.new_states], "launches": self.executor.tuning_launches,
-                "measured": None if a.measured is None else [a.measured.describe(), a.config], "failed": failure}
+    def _agree(self, mine: StepReport) -> StepEnd:
+        """Step 1 of the schedule: one guarded all-gather of the reports' identities and every rank's flags;
+        the plan of the rest of the step's end. Ranks whose reports differ (other keys, other slot counts)
+        raise RankMismatchError together, unless some rank failed the step (its launches need not match)."""
         if not self.comm.active:
-            return {} if failure is None else {0: failure}
-        blob = json.dumps(mine, sort_keys=True).encode()
-        flags, differing = self.comm.agree(blob, "agree on what to tune", lambda: blob, payload=(int(failure is not None),))
-        if bool(flags.any()):
-            # A step that failed on some rank is void on all of them: its launches need not match.
-            views = [json.loads(b) for b in differing] if differing is not None else [mine] * self.comm.world
-            return {r: v["failed"] for r, v in enumerate(views) if v["failed"] is not None}
-        if differing is not None:
-            raise RankMismatchError(_describe_mismatch([json.loads(b) for b in differing]))
-        return {}
+            return schedule.plan([mine], self.search)
+        flags, differing = self.comm.agree(mine.identity(), "agree on the step", mine.explain,
+                                           payload=(int(mine.failure is not None), int(mine.error is not None)))
+        if differing is None and not bool(flags.any()):
+            return schedule.plan([mine] * self.comm.world, self.search)
+        if differing is None:  # the same step everywhere, but a rank failed or found an error: say which
+            differing = self.comm.all_gather_bytes(mine.explain(), "agree on the step: every rank's failures")
+        reports = [StepReport(**json.loads(b)) for b in differing]
+        if not bool(flags[:, 0].any()) and any(r.identity() != reports[0].identity() for r in reports):
+            raise RankMismatchError(_describe_mismatch(reports))
+        return schedule.plan(reports, self.search)
 
 
-def _describe_mismatch(everyone: list[dict[str, Any]]) -> str:
-    groups: dict[str, list[int]] = {}
-    for rank, view in enumerate(everyone):
-        groups.setdefault(json.dumps(view, sort_keys=True), []).append(rank)
-    all_new = [set(v["new"]) for v in everyone]
-    common = set.intersection(*all_new) if all_new else set()
+def _describe_mismatch(everyone: list[StepReport]) -> str:
+    groups: dict[bytes, list[int]] = {}
+    for rank, report in enumerate(everyone):
+        groups.setdefault(report.identity(), []).append(rank)
+    common = set.intersection(*[set(r.new) for r in everyone]) if everyone else set()
     lines = []
-    for text, ranks in groups.items():
-        view = json.loads(text)
-        differing = [d for d in view["new"] if d not in common] or ["(same keys, different launch counts)"]
-        lines.append(f"  ranks {ranks}: {view['launches']} tuning launches; their own keys: " + " | ".join(differing))
+    for ranks in groups.values():
+        r = everyone[ranks[0]]
+        differing = [d for d in r.new if d not in common] or ["(same keys, different launch or slot counts)"]
+        slots = ", ".join(f"{what}: slot {taken}/{planned}" for what, taken, planned in r.slots)
+        lines.append(f"  ranks {ranks}: {r.launches} tuning launches; their own keys: " + " | ".join(differing)
+                     + (f"; slots: {slots}" if slots else ""))
     return "\n".join(lines)
+
+
+def _subject_of(t: Any) -> str:
+    return f"{t.kernel} key={t.key!r}" if isinstance(t, KeyState) else f"the points of {t.function}"

@@ -24,7 +24,16 @@ from ..store.incremental import Plan
 class Slot:
     config: int
     iteration: int  # counts warm-up and timed launches of this config from 0
-    timed: bool
+    timed: bool  # this rank records a sample
+    # The slot's place in the plan's shape, the same on every rank at the same index even when `timed` is
+    # not (a split screening's padding, a lockstep slot only one rank times): what may stand in for it, or
+    # be dropped, is decided by this, so that every rank takes the same number of slots.
+    # None: a warm-up exactly where it is untimed.
+    shape_warmup: bool | None = field(default=None, compare=False)
+
+    @property
+    def warmup(self) -> bool:
+        return not self.timed if self.shape_warmup is None else self.shape_warmup
 
 
 @dataclass
@@ -95,9 +104,13 @@ class Tunable:
         rank, world = self.share  # type: ignore[misc]
         mine = pool[rank::world]
         self._extend(mine, *first)
-        padding = sum(first) * (-(-len(pool) // world) - len(mine))
-        self._extend((mine or pool)[:1], padding, 0)  # untimed launches: all warm-ups, nothing timed
-        self.launched_here = set((mine or pool)[:1]) | set(mine)
+        # Padding mirrors a share's shape (warm-ups, then one place for a sample) with untimed launches of a
+        # config this rank has, so every rank's plan has the same length and warm-up positions.
+        pad = (mine or pool)[0]
+        for _ in range(-(-len(pool) // world) - len(mine)):
+            done = sum(1 for s in self.plan if s.config == pad)
+            self.plan += [Slot(pad, done + i, timed=False, shape_warmup=i < first[0]) for i in range(sum(first))]
+        self.launched_here = {pad} | set(mine)
 
     def screening_warmups(self) -> int:
         """Warm-ups before a config's screening sample: one launch is enough to load and warm a kernel."""
@@ -167,7 +180,9 @@ class Tunable:
         (loading the kernel); the rank that screened it times every slot and keeps its screening sample."""
         done = {c: sum(1 for s in self.plan if s.config == c) for c in configs}
         for i in range(max(self.n_repeat - 1, 2)):
-            self.plan += [Slot(c, done[c] + i, timed=i > 0 or c in self.launched_here) for c in configs]
+            # (the first round loads a config on the ranks that did not screen it: untimed there, never dropped)
+            self.plan += [Slot(c, done[c] + i, timed=i > 0 or c in self.launched_here, shape_warmup=False)
+                          for c in configs]
         self.launched_here.update(configs)
 
     def readmit(self, configs: list[int]) -> None:
@@ -192,7 +207,7 @@ class Tunable:
         """Drop the warm-ups not yet taken: online, once every config is compiled and loaded, since
         there each slot costs a call of the user's program and a loaded config's first launch is a
         fair sample (screening keeps only those within early_stop of the best, and re-times them)."""
-        self.plan = self.plan[:self.next_slot] + [s for s in self.plan[self.next_slot:] if s.timed]
+        self.plan = self.plan[:self.next_slot] + [s for s in self.plan[self.next_slot:] if not s.warmup]
 
     def hold(self, survivors: list[int], best: int) -> None:
         """End the screening pass, but plan nothing more until resume(): `best` runs meanwhile."""

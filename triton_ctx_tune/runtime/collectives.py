@@ -1,18 +1,21 @@
-"""The tuner's own collectives, each bounded in time.
+"""The tuner's own collectives, each bounded in time and checked against an agreed schedule.
 
-Every helper is a no-op (it returns what a one-rank group would) when is_dist=False or
+They run on a gloo group of the tuner's own (the user's group's ranks) with CPU tensors. Every helper is a no-op (it returns what a one-rank group would) when is_dist=False or
 torch.distributed is not initialized, so the single-process path has no special cases.
 """
 from __future__ import annotations
 
+import atexit
+import datetime
 import hashlib
 import json
 import time
+import zlib
 from typing import Any, Callable, Sequence
 
 import torch
 
-from ..errors import CollectiveTimeoutError, NoProcessGroupError
+from ..errors import CollectiveTimeoutError, NoProcessGroupError, ScheduleMismatchError
 
 
 def _dist() -> Any:
@@ -28,67 +31,195 @@ def require_process_group(is_dist: bool, function: str) -> None:
         raise NoProcessGroupError(function)
 
 
+# The schedule guard's header, one row of int64 per rank before every tuning collective: which collective of
+# the process it is (a sequence number per control group), the call and step it ends, what it is (the kind and
+# a checksum of its label) and the payload's size. Ranks that agree issue equal rows.
+HEADER = ("seq", "call", "step", "op", "label", "numel", "dtype")
+ABANDON_WAIT_S = 30.0  # how long a rank that leaves with an error waits for the others to hear it
+_OPS = {"all_gather": 1, "broadcast": 2, "abandon": 3}
+_OP_NAMES = {v: k for k, v in _OPS.items()}
+
+
+class _Control:
+    """A process group of the tuner's own (gloo, same ranks as the user's group) and its collective count.
+
+    The tuner's collectives never share a sequence with the user's: a rank that diverged can pair our small
+    header with our header only, never with the user's all_reduce (on NCCL that pairing would hang or
+    corrupt), and the payloads are CPU tensors that never touch the user's streams."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self.seq = 0  # collectives issued on it by this process
+        self.calls = 0  # Collectives objects (one per tuning call) that issued one
+
+
+_controls: dict[tuple[int, tuple[int, ...]], tuple[Any, _Control]] = {}
+
+
+def _control_for(d: Any, group: Any, timeout_s: float, rank: int) -> _Control:
+    ranks = tuple(d.get_process_group_ranks(group)) if group is not None else tuple(range(d.get_world_size()))
+    default = d.distributed_c10d._get_default_group()
+    key = (id(default), ranks)
+    held = _controls.get(key)
+    if held is not None and held[0] is default:  # (a re-initialised default group gets a new control group)
+        return held[1]
+    # Only the group's ranks take part (use_local_synchronization): a subgroup's outsiders never call the tuner.
+    # Bounded like any collective of the tuner: a rank that never tunes never joins.
+    start = time.monotonic()
+    try:
+        made = d.new_group(list(ranks), backend="gloo", use_local_synchronization=True,
+                           timeout=datetime.timedelta(seconds=timeout_s))
+    except Exception as e:  # noqa: BLE001 (torch raises DistStoreError or RuntimeError, by version)
+        if time.monotonic() - start < timeout_s * 0.9:
+            raise
+        raise CollectiveTimeoutError("create the tuner's process group", timeout_s, rank, len(ranks)) from e
+    control = _Control(made)
+    if not _controls:
+        atexit.register(_release_controls)
+    _controls[key] = (default, control)
+    return control
+
+
+def _release_controls() -> None:
+    """At exit, before the interpreter finalizes: destroy the groups the tuner made (and the threads gloo
+    runs for them) while Python still runs, unless the user's destroy_process_group() already did."""
+    d = _dist()
+    for default, control in list(_controls.values()):
+        try:
+            if d is not None and d.distributed_c10d._get_default_group() is default:
+                d.destroy_process_group(control.group)
+        except Exception:  # noqa: BLE001 (exit: a group torch already tore down has nothing left to release)
+            pass
+    _controls.clear()
+
+
 class Collectives:
+    """The tuner's collectives, each bounded in time and checked against the schedule (the guard).
+
+    Before each collective, every rank gathers a small header (see HEADER). When the rows differ, the ranks
+    are about to issue different collectives: every rank then gathers the others' descriptions and raises
+    ScheduleMismatchError naming both sides, within one round trip, instead of pairing mismatched payloads.
+    The session says where the schedule is (`at`: call, step, what it is doing); `on_header` records each
+    header (the JSONL log), so tests can compare every rank's sequence."""
+
     def __init__(self, is_dist: bool, group: Any = None, timeout_s: float = 300.0) -> None:
         self.dist = _dist() if is_dist else None
         self.group = group
         self.timeout_s = timeout_s
+        self.call, self.step, self.doing = 0, 0, ""  # call 0: numbered at its first collective
+        self.function = ""  # the tuned function's name: ranks in different functions' calls differ at once
+        self.on_header: Callable[[dict[str, Any]], None] | None = None
+        self.skip_next = 0  # tests only (schedule_test_hook): drop this many collectives to force a mismatch
+        self.device = torch.device("cpu")
         if self.dist is None:
             self.rank, self.world, self.global_rank = 0, 1, 0
-            self.device = torch.device("cpu")
             return
         d = self.dist
         self.rank = d.get_rank(group)
         self.world = d.get_world_size(group)
         self.global_rank = d.get_rank()
-        self.root = d.get_global_rank(group, 0) if group is not None else 0
-        backend = str(d.get_backend(group)).lower()
-        # NCCL only moves CUDA tensors; gloo (and a "cpu:gloo,cuda:nccl" pair) takes CPU ones.
-        use_cuda = "nccl" in backend and "gloo" not in backend
-        self.device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+        self._control: _Control | None = None
 
     @property
     def active(self) -> bool:
         return self.dist is not None and self.world > 1
 
-    def _wait(self, work: Any, what: str) -> None:
-        deadline = time.monotonic() + self.timeout_s
+    def at(self, step: int, doing: str = "") -> None:
+        """Where the schedule is: the headers of the collectives that follow name it."""
+        self.step, self.doing = step, doing
+
+    def _ctl(self) -> _Control:
+        if self._control is None:
+            self._control = _control_for(self.dist, self.group, self.timeout_s, self.global_rank)
+        return self._control
+
+    def _group(self) -> Any:
+        return self._ctl().group
+
+    def _wait(self, work: Any, what: str, timeout_s: float | None = None) -> None:
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         pause = 1e-5
         while not work.is_completed():
             if time.monotonic() > deadline:
-                raise CollectiveTimeoutError(what, self.timeout_s, self.global_rank, self.world)
+                raise CollectiveTimeoutError(what, timeout_s, self.global_rank, self.world)
             time.sleep(pause)
             pause = min(pause * 2, 5e-3)
         work.wait()
+
+    def _raw_gather(self, t: torch.Tensor, what: str, timeout_s: float | None = None) -> torch.Tensor:
+        t = t.contiguous()
+        out = [torch.empty_like(t) for _ in range(self.world)]
+        self._wait(self.dist.all_gather(out, t, group=self._group(), async_op=True), what, timeout_s)
+        return torch.stack(out)
+
+    def _raw_gather_bytes(self, data: bytes, what: str) -> list[bytes]:
+        sizes = self._raw_gather(torch.tensor([len(data)], dtype=torch.int64), what)
+        buf = torch.zeros(max(int(sizes.max()), 1), dtype=torch.uint8)
+        if data:
+            buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        rows = self._raw_gather(buf, what)
+        return [bytes(rows[r, : int(sizes[r, 0])].tolist()) for r in range(self.world)]
+
+    def _guard(self, op: str, what: str, payload: torch.Tensor | None, timeout_s: float | None = None) -> None:
+        """Check the header of the collective about to run against every rank's; raise if any differs."""
+        control = self._ctl()
+        if self.call == 0:  # this object's first collective: the call it belongs to gets the next number
+            control.calls += 1
+            self.call = control.calls
+        control.seq += 1
+        numel = -1 if payload is None else payload.numel()
+        dtype = -1 if payload is None else _DTYPES.get(payload.dtype, 0)
+        label = zlib.crc32(f"{self.function}\0{what}".encode())
+        row = torch.tensor([control.seq, self.call, self.step, _OPS[op], label, numel, dtype],
+                           dtype=torch.int64)
+        shape = "none" if payload is None else "x".join(map(str, payload.shape)) + f" {str(payload.dtype)[6:]}"
+        mine = {"seq": control.seq, "function": self.function, "call": self.call, "step": self.step, "op": op, "what": what,
+                "doing": self.doing, "shape": shape}
+        if self.on_header is not None:
+            self.on_header(mine)  # before the wait: a hung rank's log names the collective it is in
+        if self.skip_next > 0:  # tests only: this rank skips the collective, as a diverged rank would
+            self.skip_next -= 1
+            return
+        rows = self._raw_gather(row, f"{what} (schedule header)", timeout_s)
+        if bool((rows == rows[0]).all()):
+            return
+        views = [json.loads(b) for b in self._raw_gather_bytes(json.dumps(mine).encode(), "explain a schedule mismatch")]
+        control.seq = max(int(rows[:, 0].max()), control.seq)  # later collectives start from one count again
+        raise ScheduleMismatchError(self.rank, views)
+
+    def abandon(self, reason: str) -> None:
+        """This rank leaves the call with an error: ranks still at a collective of the call learn it now (their
+        header differs) instead of at the deadline. Ranks that all leave with an error pass each other here."""
+        if self.active:
+            self.doing = f"leaving the call: {reason}"
+            # Bounded shorter than a collective: ranks busy in the function's own collectives never come.
+            self._guard("abandon", "leave the call with an error", None, min(self.timeout_s, ABANDON_WAIT_S))
 
     def all_gather(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
         """Stack every rank's tensor (same shape and dtype everywhere): result[r] is rank r's."""
         if not self.active:
             return tensor.unsqueeze(0).clone()
-        t = tensor.to(self.device).contiguous()
-        out = [torch.empty_like(t) for _ in range(self.world)]
-        self._wait(self.dist.all_gather(out, t, group=self.group, async_op=True), what)
-        return torch.stack(out).cpu()
+        t = tensor.detach().to("cpu").contiguous()
+        self._guard("all_gather", what, t)
+        return self._raw_gather(t, what)
 
     def broadcast_from_root(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
         """The group's rank 0 value, on every rank."""
         if not self.active:
             return tensor.clone()
-        t = tensor.to(self.device).contiguous()
-        self._wait(self.dist.broadcast(t, src=self.root, group=self.group, async_op=True), what)
-        return t.cpu()
+        t = tensor.detach().to("cpu").clone().contiguous()
+        self._guard("broadcast", what, t)
+        root = self.dist.get_global_rank(self._group(), 0)
+        self._wait(self.dist.broadcast(t, src=root, group=self._group(), async_op=True), what)
+        return t
 
     def all_gather_bytes(self, data: bytes, what: str) -> list[bytes]:
         """Every rank's byte string, in rank order (lengths may differ)."""
         if not self.active:
             return [data]
-        sizes = self.all_gather(torch.tensor([len(data)], dtype=torch.int64), what + " (sizes)")
-        longest = int(sizes.max())
-        buf = torch.zeros(max(longest, 1), dtype=torch.uint8)
-        if data:
-            buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        rows = self.all_gather(buf, what)
-        return [bytes(rows[r, : int(sizes[r, 0])].tolist()) for r in range(self.world)]
+        self._guard("all_gather", what, None)  # (lengths differ between ranks: the header has none)
+        return self._raw_gather_bytes(data, what)
 
     def agree(self, identity: bytes, what: str, explain: Callable[[], bytes],
               payload: Sequence[int] = ()) -> tuple[torch.Tensor, list[bytes] | None]:
@@ -108,6 +239,8 @@ class Collectives:
     def barrier(self, what: str) -> None:
         """Every rank reaches this point before any goes on (a bounded all-gather of one number)."""
         if self.active:
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()  # the tuner's group is the host's: line up the GPUs' work too
             self.all_gather(torch.zeros(1, dtype=torch.int64), what)
 
     def share_failures(self, mine: dict[int, str], n: int, what: str) -> dict[int, str]:
@@ -128,3 +261,6 @@ class Collectives:
             for i, reason in json.loads(blob).items():
                 shared.setdefault(int(i), f"rank {rank}: {reason}")
         return shared
+
+
+_DTYPES = {torch.int64: 1, torch.float64: 2, torch.uint8: 3, torch.float32: 4, torch.int32: 5, torch.bool: 6}

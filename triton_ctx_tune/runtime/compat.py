@@ -228,6 +228,13 @@ def restores(at: Autotuner) -> bool:
     return bool(getattr(at, "restore_value", None) or getattr(at, "reset_to_zero", None))
 
 
+def declared_writes(at: Autotuner, args: Sequence[Any], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The tensors a launch writes in place by the autotuner's declaration (restore_value, reset_to_zero)."""
+    named = {**_named_args(at, args), **kwargs}
+    names = list(getattr(at, "restore_value", None) or []) + list(getattr(at, "reset_to_zero", None) or [])
+    return [(str(n), named[n]) for n in names if hasattr(named.get(n), "untyped_storage")]
+
+
 def reset_before_final_launch(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """What Triton does between benchmarking and the real launch: zero the reset_to_zero arguments."""
     at.pre_hook({**_named_args(at, args), **kwargs, **config.all_kwargs()}, reset_only=True)

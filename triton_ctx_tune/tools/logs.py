@@ -81,6 +81,10 @@ EVENTS: dict[str, EventSpec] = dict([
     _spec("tune-ahead", "one size of a tune-ahead (serving.py): its tuning cost, warm call time and throughput",
           "function", "size", "rank", "executions", "tuned", "cache_hits", "tune_s", "call_ms", "tflops", "gbps",
           "peak_fraction", "spread", "wall_s"),
+    # Written before the collective waits: a hung rank's last one names where it is. Every rank of a group
+    # writes the same sequence (seq, tuning_call, step, op, what, shape); tests compare them.
+    _spec("collective", "a collective of the tuner, as its schedule header says (collectives.py)", "seq",
+          "tuning_call", "step", "op", "what", "doing", "shape"),
     _spec("online-call", "one call of an online session (online=True): its wall time, the slots each key took in "
           "it and the keys decided at its end", "function", "call", "wall_s", "keys", "decided"),
 ])

@@ -316,6 +316,7 @@ IGNORED: dict[str, str] = {
     "validation": "each config's check; an invalid config fails in its key's decision with the reason",
     "cache-stale": "why a cached or shipped entry was not used; the key is then tuned again and its decision read",
     "cache-store": "where a winner was stored; the decision before it is the report's",
+    "collective": "the schedule's record, the same sequence on every rank; a mismatch raises ScheduleMismatchError",
 }
 
 

@@ -1,0 +1,98 @@
+"""The step schedule: which collectives end a tuning step, derived from what every rank agreed on.
+
+A step (one execution, or one online call) ends with the tuner's collectives. Every rank must issue the
+same ones in the same order, or ranks pair different collectives: a hang, or mixed payloads. So nothing one
+rank saw alone picks them (its share of a split screening, its compile progress, its timings, which
+config stood in, a failure). Each rank first writes down its step (StepReport). One guarded all-gather
+then checks that the reports' identities match and carries every rank's flags (failed, an error). The
+rest of the step's end (StepEnd) is a function of that agreed report and of the search's state, which
+earlier broadcasts made the same on every rank. Its fixed order:
+
+1. agree on the step (always, every step of a tuning call, the final run included);
+2. a step some rank failed is void on every rank: nothing else, the point is failed;
+3. an error any rank found (a key not launched again) is raised on every rank;
+4. the final run, clean on every rank: the call ends;
+5. quarantined configs of the keys met in the step (one gather per key met, in the order met);
+6. compile results: of each key met (re-execution), or of the keys every rank has finished compiling
+   (online: one gather of the compile flags, then one per finished key);
+7. validation verdicts, when validating;
+8. the decisions of the tunables whose slots ran out (one gather of timings, one broadcast).
+
+A tunable's slot count is part of the agreed identity: split screening pads every rank's share to the same
+length, with the same warm-up positions (state.py), so "ran out" is the same fact everywhere.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .search import Assignment, Search
+from .state import KeyState, Tunable
+
+
+# Tests only (tests/test_schedule.py): skip_step_end(function, rank, step) -> True makes this rank skip that
+# step's end, as a rank whose schedule diverged would. None in every real run.
+skip_step_end: Callable[[str, int, int], bool] | None = None
+
+
+@dataclass
+class StepReport:
+    """What one rank saw in a step. The identity must be equal on every rank; `failure` and `error` may
+    differ between ranks and ride along as flags."""
+    new: list[str]  # keys met for the first time, in the order met
+    launches: int  # launches that took a per-launch slot
+    measured: list[Any] | None  # the end-to-end tunable and config the step measured
+    slots: list[list[Any]]  # per tunable still tuning: [what, slots taken, slots planned]
+    failure: str | None = None  # the step failed here (a point's execution raised)
+    error: str | None = None  # an error every rank raises once agreed (a key not launched again)
+
+    def identity(self) -> bytes:
+        return json.dumps([self.new, self.launches, self.measured, self.slots], sort_keys=True).encode()
+
+    def explain(self) -> bytes:
+        return json.dumps(self.__dict__, sort_keys=True).encode()
+
+    @staticmethod
+    def of(search: Search, a: Assignment, new: list[KeyState], launches: int, failure: str | None,
+           error: str | None) -> StepReport:
+        tuning = [t for t in _tunables(search) if not t.settled]
+        return StepReport([s.describe() for s in new], launches,
+                          None if a.measured is None else [a.measured.describe(), a.config],
+                          [[_name(t), t.next_slot, t.total_slots] for t in tuning], failure, error)
+
+
+@dataclass
+class StepEnd:
+    """The rest of a step's end, the same on every rank (see the module's order)."""
+    failures: dict[int, str] = field(default_factory=dict)  # every rank's failure of the step ({}: none)
+    error: str | None = None  # raised on every rank
+    final: bool = False  # the final run: nothing follows
+    clean: bool = False  # no slot taken and no key met, on every rank
+
+    @property
+    def void(self) -> bool:
+        return bool(self.failures)
+
+
+def plan(reports: list[StepReport], search: Search) -> StepEnd:
+    """The step's end from every rank's report (equal identities: checked before this) and the search."""
+    failures = {r: rep.failure for r, rep in enumerate(reports) if rep.failure is not None}
+    error = next((rep.error for rep in reports if rep.error is not None), None)
+    mine = reports[0]  # identities are equal: any rank's report says what every rank's does
+    clean = mine.launches == 0 and not mine.new
+    return StepEnd(failures, None if failures else error, not failures and error is None and clean and search.finished,
+                   clean)
+
+
+def _tunables(search: Search) -> list[Tunable]:
+    out: list[Tunable] = list(search.kernels.values())
+    if search.points is not None:
+        out.append(search.points)
+    return out
+
+
+def _name(t: Tunable) -> str:
+    if isinstance(t, KeyState):
+        return f"{t.kernel} key={t.key!r}" + ("" if t.point is None else f" point#{t.point}")
+    return "points"
