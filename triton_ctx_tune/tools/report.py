@@ -60,6 +60,10 @@ class KeyReport:
     end_to_end: bool = False  # decided on whole steps' times (objective, or an overlapped key's confirmation)
     split: bool = False  # screened with each rank taking a share of the configs
     readmitted: list[int] = field(default_factory=list)  # dropped by that screening, timed in lockstep after all
+    screened_out: list[int] = field(default_factory=list)  # dropped by the screening (the decision's screened_out)
+    # Split screening: a dropped config -> the one rank that screened it and whose time it has. The other ranks
+    # never ran it, so their missing times are no failure (build() sets it, from the decision's per_rank).
+    screened_on: dict[int, int] = field(default_factory=dict)
     # Incremental re-tuning (store/incremental.py): what was timed and carried over, and the scale.
     incremental: dict[str, Any] | None = None
     carried: list[int] = field(default_factory=list)  # configs whose times are carried over, not measured
@@ -173,6 +177,7 @@ def _from_decision(e: dict[str, Any], function: str | None) -> KeyReport:
     r.fastest, r.tie_break = e.get("fastest"), e.get("tie_break")
     r.confirmed, r.end_to_end = e.get("confirmed"), bool(e.get("end_to_end"))
     r.split, r.readmitted = bool(e.get("split")), list(e.get("readmitted") or [])
+    r.screened_out = [int(j) for j in e.get("screened_out") or []]
     return r
 
 
@@ -357,11 +362,35 @@ def build(log_dir: Path) -> Report:
             for j, reason in (e.get("local_failures") or {}).items():
                 r.failures.setdefault(int(j), {})[f"rank {rank}"] = reason
     for r in keys.values():
+        _find_screening_ranks(r)
         for j in range(len(r.configs)):
+            if j in r.failures or j in r.screened_on:
+                continue  # a reason is known; or only its screening rank ran it, and has its time
             failed = [rank for rank, row in enumerate(r.per_rank) if j < len(row) and row[j] is None]
-            if failed and j not in r.failures:
+            if not failed:
+                continue
+            if r.split and j in r.screened_out and j not in r.carried and len(failed) == len(r.per_rank):
+                r.failures[j] = {f"ranks {failed}": "no time on any rank (screened on one rank, whose log has "
+                                                    "no reason)"}
+            else:
                 r.failures[j] = {f"ranks {failed}": "no time (its rank's log has no reason)"}
     return Report(log_dir, ranks, calls, keys, problems, functions, story.online, story.frozen, story.ahead)
+
+
+def _find_screening_ranks(r: KeyReport) -> None:
+    """Split screening (decisions.py): rank k screens its share of the configs alone, and a config the screening
+    drops is never run by the other ranks. So a dropped config's time is the one rank's that screened it, the
+    others have none, and that is no failure: name the rank (the only one with a time). A dropped config with
+    no time on any rank failed where it was screened (its rank's local_failures say why); survivors and
+    readmitted configs are timed on every rank, where a missing time is a failure as usual."""
+    if not r.split:
+        return
+    for j in r.screened_out:
+        if j in r.carried:
+            continue  # carried over from an earlier tuning: not screened in this one
+        timed = [rank for rank, row in enumerate(r.per_rank) if j < len(row) and row[j] is not None]
+        if len(timed) == 1:
+            r.screened_on[j] = timed[0]
 
 
 # ---- text -------------------------------------------------------------------------------------
@@ -369,6 +398,23 @@ def build(log_dir: Path) -> Report:
 
 def _ms(x: float | None) -> str:
     return "failed" if x is None else f"{x:.4f}"
+
+
+def _rank_ms(r: KeyReport, rank: int, j: int) -> str:
+    """A cell of the per-rank table: the rank's time, "failed", or "-" where the rank never ran the config: a
+    split screening dropped it, and another rank screened it (its time, or its logged failure, says which)."""
+    row = r.per_rank[rank]
+    if j >= len(row):
+        return "-"
+    if row[j] is None and f"rank {rank}" not in r.failures.get(j, {}) and _screened_elsewhere(r, j):
+        return "-"
+    return _ms(row[j])
+
+
+def _screened_elsewhere(r: KeyReport, j: int) -> bool:
+    """Config j was dropped by a split screening, and the rank that screened it is known."""
+    return (r.split and j in r.screened_out and j not in r.carried
+            and (j in r.screened_on or any(who.startswith("rank ") for who in r.failures.get(j, {}))))
 
 
 def _runner_up(r: KeyReport) -> int | None:
@@ -398,7 +444,8 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
     if up is not None and best is not None:
         margin = r.ms[up] - best  # type: ignore[operator]
         pct = f", +{100 * margin / best:.1f}%" if best > 0 else ""
-        lines.append(f"  runner-up  #{up} {{{r.configs[up]}}}  {r.ms[up]:.4f} ms  (+{margin:.4f} ms{pct} slower)")
+        where = f"; its screening time, on rank {r.screened_on[up]} alone" if up in r.screened_on else ""
+        lines.append(f"  runner-up  #{up} {{{r.configs[up]}}}  {r.ms[up]:.4f} ms  (+{margin:.4f} ms{pct} slower{where})")
     elif r.ms:
         lines.append("  runner-up  none (no other config has a time)")
     if r.band is not None:
@@ -409,8 +456,12 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
     if r.split:
         back = (f"; #{', #'.join(map(str, r.readmitted))} dropped there, then timed in lockstep after all"
                 if r.readmitted else "")
+        alone = "; a config screened out ran on its screening rank alone" if r.screened_on else ""
         lines.append(f"  screening  split over {r.world} ranks (one rank per config), survivors timed on every "
-                     f"rank{back}")
+                     f"rank{back}{alone}")
+        for n, (j, rank) in enumerate(sorted(r.screened_on.items())):
+            lines.append(f"  {'dropped' if n == 0 else '':<10} #{j} {{{r.configs[j]}}}: screened on rank {rank}: "
+                         f"{_ms(r.per_rank[rank][j])} ms")
     if r.confirmed:
         lines.append(f"  {_confirmed_line(r)}")
     if r.incremental is not None:
@@ -447,8 +498,9 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
             mark = "*" if j == r.winner else " "
             q = (f"{r.q20[j]:.3f}..{r.q80[j]:.3f}" if j < len(r.q20) and r.q20[j] is not None
                  and j < len(r.q80) and r.q80[j] is not None else "-")
-            ranks = "".join(f"  {_ms(row[j]) if j < len(row) else '-':>10}" for row in r.per_rank)
-            carried = "  (carried over, scaled)" if j in r.carried else ""
+            ranks = "".join(f"  {_rank_ms(r, rank, j):>10}" for rank in range(len(r.per_rank)))
+            carried = ("  (carried over, scaled)" if j in r.carried else
+                       f"  (screened out on rank {r.screened_on[j]}, not run on the others)" if j in r.screened_on else "")
             lines.append(f"    {mark} #{j:<3}  {_ms(r.ms[j] if j < len(r.ms) else None):>10}  {q:>19}{ranks}  "
                          f"{config}{carried}")
     return lines
