@@ -99,13 +99,61 @@ class PointReport:
 
 
 @dataclass
+class OnlineCall:
+    """One call of an online session, as its online-call event logged it."""
+    call: int  # its number in the session (1 for the session's first)
+    wall_s: float  # measured after its end's decisions: the last call's includes deciding the last keys
+    slots: dict[str, int]  # "kernel key=(...)" -> the slots that key took in this call, for each key it launched
+    decided: list[str]  # the keys decided at its end
+
+
+@dataclass
+class KeyCost:
+    """What tuning one key online cost: the calls it was launched in until decided, and their time above the
+    tuned call's."""
+    name: str
+    calls: int
+    slots: int
+    decided_at: int | None  # None: not decided when the logs end
+    above_s: float
+
+
+@dataclass
 class OnlineReport:
-    """An online session (online=True): the real calls it took, and per key when it was decided."""
+    """An online function (online=True): its sessions' calls (a session ends when every key it met is decided;
+    a new key in a later call starts another), the calls it took, and per key when it was decided."""
     function: str
     calls: int = 0
     wall_s: list[float] = field(default_factory=list)  # each call's wall time
     key_calls: dict[str, int] = field(default_factory=dict)  # "kernel key" -> calls that launched it
     decided_at: dict[str, int] = field(default_factory=dict)  # "kernel key" -> the call whose end decided it
+    sessions: list[list[OnlineCall]] = field(default_factory=list)
+
+
+def tuned_call_s(session: list[OnlineCall]) -> float:
+    """The tuned call's time a session is measured against: its fastest call. The calls after a session ends,
+    which run every key tuned, are not logged; every call of the session takes a slot of some key, and its
+    last one also pays for the last decisions (a collective, the logs, the cache), so the fastest call is the
+    closest to a tuned call that the logs hold (a noisy one reads low, which counts the cost high)."""
+    return min(c.wall_s for c in session)
+
+
+def key_costs(session: list[OnlineCall]) -> list[KeyCost]:
+    """Per key of a session, in the order met: the calls it was launched in until (and with) the one whose end
+    decided it, the slots it took in them, and their time above the tuned call's (tuned_call_s)."""
+    tuned = tuned_call_s(session)
+    decided = {name: c.call for c in session for name in c.decided}
+    costs: dict[str, KeyCost] = {}
+    for c in session:
+        for name, slots in c.slots.items():
+            at = decided.get(name)
+            if at is not None and c.call > at:
+                continue  # launched after it was decided: its winner ran
+            k = costs.setdefault(name, KeyCost(name, 0, 0, at, 0.0))
+            k.calls += 1
+            k.slots += slots
+            k.above_s += c.wall_s - tuned
+    return list(costs.values())
 
 
 @dataclass
@@ -264,11 +312,18 @@ class _Story:
         o = self.online.setdefault(e["function"], OnlineReport(e["function"]))
         o.calls += 1
         o.wall_s.append(float(e["wall_s"]))
+        names = {}
         for k in e["keys"]:
             name = f"{k['kernel']} key={tuple(k['key'])!r}"
+            names[name] = int(k.get("slots", 0))
             o.key_calls[name] = o.key_calls.get(name, 0) + 1
-        for k in e["decided"]:
-            o.decided_at[f"{k['kernel']} key={tuple(k['key'])!r}"] = int(e["call"])
+        decided = [f"{k['kernel']} key={tuple(k['key'])!r}" for k in e["decided"]]
+        for name in decided:
+            o.decided_at[name] = int(e["call"])
+        call = OnlineCall(int(e["call"]), float(e["wall_s"]), names, decided)
+        if not o.sessions or call.call <= o.sessions[-1][-1].call:
+            o.sessions.append([])  # a session numbers its calls from 1: a new one, or another job's
+        o.sessions[-1].append(call)
 
     def incremental(self, e: dict[str, Any]) -> None:
         """Written right after its key's decision: it adds to that decision's report."""
@@ -547,15 +602,36 @@ def format_points(f: PointReport) -> list[str]:
     return out
 
 
+def _secs(s: float) -> str:
+    return f"{s:.3f} s" if abs(s) >= 1 else f"{s * 1e3:.3f} ms"
+
+
 def format_online(o: OnlineReport) -> list[str]:
-    """The cost of tuning online: the calls each key took, and those calls' time above the session's last."""
-    last = o.wall_s[-1] if o.wall_s else 0.0
-    above = sum(w - last for w in o.wall_s)
-    lines = [f"{o.function}: tuned online over {o.calls} calls ({sum(o.wall_s):.3f} s; {above:.3f} s above "
-             f"{o.calls} calls at the last one's {last * 1e3:.3f} ms)"]
-    for name, n in o.key_calls.items():
-        at = o.decided_at.get(name)
-        lines.append(f"  {name}: launched in {n} calls, " + (f"decided at call {at}" if at else "not decided yet"))
+    """The cost of tuning online, per session: its calls' time above as many tuned calls, and per key the calls
+    it was launched in until decided and their time above the tuned call's (tuned_call_s says which call)."""
+    many = len(o.sessions) > 1
+    lines = [f"{o.function}: tuned online over {o.calls} calls" + (f" in {len(o.sessions)} sessions" if many else "")]
+    pad = "    " if many else "  "
+    for n, session in enumerate(o.sessions, 1):
+        tuned = tuned_call_s(session)
+        fastest = min(session, key=lambda c: c.wall_s)
+        total = sum(c.wall_s for c in session)
+        costs = key_costs(session)
+        ended = all(k.decided_at is not None for k in costs)
+        cost = (f"({_secs(total)}), {_secs(total - tuned * len(session))} above {len(session)} tuned calls"
+                + ("" if ended else "; not ended when the logs end"))
+        if many:
+            lines.append(f"  session {n}: {len(session)} calls {cost}")
+        else:
+            lines[0] += f" {cost}"
+        last = (f"its last call, {_secs(session[-1].wall_s)}, also made the last decisions" if ended else
+                "no call of it ran every key tuned")
+        lines.append(f"{pad}tuned call {_secs(tuned)}: the session's fastest, call {fastest.call} (the calls after a "
+                     f"session are not logged; {last})")
+        for k in costs:
+            until = (f"{k.calls} calls until decided at call {k.decided_at}" if k.decided_at is not None
+                     else f"{k.calls} calls, not decided yet")
+            lines.append(f"{pad}{k.name}: {until} ({k.slots} slots), {_secs(k.above_s)} above the tuned call")
     return lines
 
 
