@@ -1,6 +1,7 @@
 """online=True: the function runs once per call; calls take the keys' slots until every key is decided."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -58,8 +59,56 @@ def test_each_call_runs_once_and_in_place_kernels_apply_once_without_restore_val
     assert online.calls == 9 and len(online.wall_s) == 9
     assert online.key_calls == {"double_ key=(128, 'torch.float32')": 9, "add_one_ key=(128, 'torch.float32')": 9}
     assert online.decided_at == {"double_ key=(128, 'torch.float32')": 9, "add_one_ key=(128, 'torch.float32')": 9}
+    # Against the tuned call's time: the session's fastest call (the calls after it are not logged).
+    walls = [e["wall_s"] for e in _online_events()]
+    tuned = min(walls)
+    assert online.sessions and [c.wall_s for c in online.sessions[0]] == walls
     text = format_report(report)
-    assert "tuned online over 9 calls" in text and "double_ key=(128, 'torch.float32'): launched in 9 calls, decided at call 9" in text
+    assert (f"step: tuned online over 9 calls ({_secs(sum(walls))}), {_secs(sum(walls) - 9 * tuned)} above "
+            "9 tuned calls\n") in text
+    assert f"  tuned call {_secs(tuned)}: the session's fastest, call {walls.index(tuned) + 1} " in text
+    for name in ("double_", "add_one_"):
+        assert (f"  {name} key=(128, 'torch.float32'): 9 calls until decided at call 9 (9 slots), "
+                f"{_secs(sum(w - tuned for w in walls))} above the tuned call") in text
+
+
+def _online_events() -> list[dict]:
+    log = Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"]) / "rank-0.jsonl"
+    return [e for line in log.read_text().splitlines() if (e := json.loads(line))["event"] == "online-call"]
+
+
+def _secs(s: float) -> str:
+    return f"{s:.3f} s" if abs(s) >= 1 else f"{s * 1e3:.3f} ms"
+
+
+def test_the_report_counts_each_key_until_its_own_decision_and_each_session_apart():
+    """A key of 2 configs is decided at call 6 while one of 3 takes 9 calls: its cost stops at call 6. A new shape
+    in a later call starts a second session, with calls numbered from 1 and a tuned call of its own."""
+    @contextual_autotune(**ONLINE)
+    def step(x):
+        K.double_[grid(x.numel())](x, x.numel())
+        K.early_pruned_add_one_[grid(x.numel())](x, x.numel())  # 16 and 32 (64 and 128 pruned): 6 slots
+        return x
+
+    big, small = torch.zeros(N, device=DEVICE), torch.zeros(40, device=DEVICE)
+    assert _decide(step, big) == 9
+    step(big)  # warm: not logged
+    assert _decide(step, small) == 9
+    events = _online_events()
+    assert [e["call"] for e in events] == list(range(1, 10)) * 2
+    (online,) = build(Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"])).online.values()
+    assert online.calls == 18 and [len(s) for s in online.sessions] == [9, 9]
+    text = format_report(build(Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"])))
+    assert "step: tuned online over 18 calls in 2 sessions\n" in text
+    for n, (session, size) in enumerate(((events[:9], N), (events[9:], 40)), 1):
+        walls = [e["wall_s"] for e in session]
+        tuned = min(walls)
+        assert (f"  session {n}: 9 calls ({_secs(sum(walls))}), {_secs(sum(walls) - 9 * tuned)} above 9 tuned "
+                "calls\n") in text
+        assert (f"    double_ key=({size}, 'torch.float32'): 9 calls until decided at call 9 (9 slots), "
+                f"{_secs(sum(w - tuned for w in walls))} above the tuned call") in text
+        assert (f"    early_pruned_add_one_ key=({size}, 'torch.float32'): 6 calls until decided at call 6 (6 slots), "
+                f"{_secs(sum(w - tuned for w in walls[:6]))} above the tuned call") in text
 
 
 def test_with_background_compiles_no_call_waits_for_more_than_a_ready_config():

@@ -59,6 +59,11 @@ def runs(tmp_path_factory) -> dict[str, Any]:
     return {"recs": recs, "stdout": merged.stdout, "merged": json.loads((out / "train.json").read_text())}
 
 
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
+
+
 def test_every_arm_records_every_step(runs):
     for arm, rec in runs["recs"].items():
         assert len(rec["step_s"]) == len(rec["losses"]) == STEPS, arm
@@ -92,7 +97,8 @@ def test_online_counts_its_calls(runs):
     tuning = rec["tuning"]
     # 4 configs x (3 warm-ups + 5 repeats), less what screening drops: not decided within 4 calls
     assert tuning["session_calls"] == STEPS and tuning["session_active_after_call"] == [True] * STEPS, tuning
-    assert tuning["calls_until_decided"] is None and rec["first_tuned"] == {"call": None, "at_s": None}
+    assert tuning["calls_until_decided"] is None
+    assert rec["first_tuned"] == {"call": None, "at_s": None, "tuned_step_ms": None, "extra_s": None}
 
 
 def test_merge_prints_one_table_against_fixed(runs):
@@ -104,6 +110,13 @@ def test_merge_prints_one_table_against_fixed(runs):
     for arm in ARMS:
         assert "yes / yes" in rows[arm] and "0.00e+00" in rows[arm], rows[arm]
     assert "executions (1st call)" in rows["reexec"] and f"not decided in {STEPS} calls" in rows["online"]
+    # Step 1 runs tuned in the other arms: its time above the tuned step's (the median of the steps after it).
+    for arm in ("fixed", "plain", "reexec"):
+        times = runs["recs"][arm]["step_s"]
+        extra = times[0] - _median(times[1:])
+        assert runs["recs"][arm]["first_tuned"]["extra_s"] == pytest.approx(extra)
+        assert rows[arm].split()[1:5] == [f"{times[0]:.2f}", "(call", "1)", f"{extra:.2f}"], rows[arm]
+    assert rows["online"].split()[1:5] == ["not", "tuned", "yet", "-"], rows["online"]
     merged = {r["arm"]: r["vs_fixed"] for r in runs["merged"]["results"]}
     assert all(m["max_loss_diff"] == 0 and m["params"]["bitwise"] for m in merged.values()), merged
 
@@ -113,7 +126,13 @@ def test_online_decides_within_a_longer_loop(tmp_path):
     steps = 40  # each call launches each key once: 4 configs x (3 + 5) = 32 calls at most, fewer with screening
     rec = _arm(tmp_path, "online", steps)
     decided = rec["tuning"]["calls_until_decided"]
-    assert decided is not None and 1 <= decided <= steps, rec["tuning"]
+    assert decided is not None and 1 <= decided < steps, rec["tuning"]
     assert rec["tuning"]["session_calls"] == decided and rec["tuning"]["keys_tuned"] == 2
-    assert rec["first_tuned"] == {"call": decided, "at_s": pytest.approx(sum(rec["step_s"][:decided]))}
+    # The session ended with call `decided`: the next call is the first that runs every key tuned. The extra time
+    # is each call's time above the tuned step's (the median of the last 10 calls after it), up to and with it.
+    times = rec["step_s"]
+    tuned = _median(times[decided + 1:][-10:])
+    assert rec["first_tuned"] == {"call": decided + 1, "at_s": pytest.approx(sum(times[:decided + 1])),
+                                  "tuned_step_ms": pytest.approx(1e3 * tuned),
+                                  "extra_s": pytest.approx(sum(t - tuned for t in times[:decided + 1]))}
     assert rec["tuning"]["session_active_after_call"] == [True] * (decided - 1) + [False] * (steps - decided + 1)

@@ -119,7 +119,8 @@ def _arm(step_fn: Callable[..., torch.Tensor], pinned: Callable[[tuple], triton.
     try:
         model = Block()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        losses, times = [], []
+        losses, times, first_tuned = [], [], 1
+        online = getattr(getattr(step_fn, "opts", None), "online", False)
         for step in range(STEPS):
             if GPU:
                 torch.cuda.synchronize()
@@ -128,12 +129,27 @@ def _arm(step_fn: Callable[..., torch.Tensor], pinned: Callable[[tuple], triton.
             if GPU:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - began)
+            if online and step_fn._online is not None:
+                first_tuned = step + 2  # the session goes on: the first call that runs every key tuned is later
         winners = {repr(k): str(v) for k, v in dict.items(matmul_kernel.cache)} if pinned is None else {}
         return {"losses": torch.stack(losses).float().cpu(), "params": [p.detach().float().cpu() for p in model.parameters()],
                 "state": [opt.state[p][name].float().cpu() for p in model.parameters() for name in ("exp_avg", "exp_avg_sq")],
-                "times": times, "winners": winners, "cache": dict(dict.items(matmul_kernel.cache))}
+                "times": times, "winners": winners, "cache": dict(dict.items(matmul_kernel.cache)),
+                **_first_tuned(times, first_tuned if first_tuned <= STEPS else None)}
     finally:
         matmul_kernel.cache = saved
+
+
+def _first_tuned(times: list[float], call: int | None) -> dict[str, Any]:
+    """The first step that runs every key tuned (1-based; online: the first call after the session ended; None: not
+    within the steps), the time to its end, and the extra time: each step's time above the tuned step's (the median
+    of the last 10 steps after it), summed over the steps up to and with it."""
+    after = times[call:][-10:] if call is not None else []
+    if not after:
+        return {"first_tuned_call": call, "first_tuned_at_s": None, "extra_s": None}
+    tuned = statistics.median(after)
+    return {"first_tuned_call": call, "first_tuned_at_s": sum(times[:call]),
+            "extra_s": sum(t - tuned for t in times[:call])}
 
 
 def _close(a: dict[str, Any], b: dict[str, Any], rtol: float) -> dict[str, bool]:
@@ -161,6 +177,9 @@ def train_loop() -> dict[str, Any]:
             "reexec_same_as_its_winners_fixed": _same(reexec, again),
             "winners_agree": reexec["winners"],
             "first_step_s": {"fixed": fixed["times"][0], "reexec": reexec["times"][0], "online": online["times"][0]},
+            # What tuning cost the loop: the first step that runs every key tuned, the time to its end, the extra time.
+            "first_tuned": {arm: {k: r[k] for k in ("first_tuned_call", "first_tuned_at_s", "extra_s")}
+                            for arm, r in (("reexec", reexec), ("online", online))},
             "total_s": {"fixed": sum(fixed["times"]), "reexec": sum(reexec["times"]), "online": sum(online["times"])},
             "steady_ms": {k: 1e3 * statistics.median(v["times"][-10:]) for k, v in
                           (("fixed", fixed), ("reexec", reexec), ("online", online), ("again", again))},

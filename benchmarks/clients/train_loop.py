@@ -9,15 +9,19 @@ Arms (--arm), one per process, each from a cold Triton cache (a fresh TRITON_CAC
   reexec  the step function decorated with contextual_autotune(is_dist=True, cache=False): its first call
           re-executes the step to tune every key, with exactly-once semantics (one step's effect on the state)
   online  contextual_autotune(is_dist=True, cache=False, online=True): every call runs the step once, calls take
-          tuning slots until every key is decided (the tuned function's _online is None), then calls are warm
+          tuning slots until every key is decided (the tuned function's _online is None), then calls are warm:
+          the first call after that is the first that runs every key tuned
 
     ./launch benchmarks/clients/train_loop.py --arm fixed --out $OUT/train-fixed.json      # and plain, reexec, online
     python benchmarks/clients/train_loop.py --merge $OUT/train-{fixed,plain,reexec,online}.json --out $OUT/train.json
 
 benchmarks/clients/run_train_all.sh OUT does all five. Per client and arm: every step's wall time (slowest rank,
 synchronized) and loss (the step's output as a float: the value of a scalar, the RMS of a tensor; rank 0), the time
-until the first step that runs tuned has ended, the total of the first 50 steps, the steady step (median of the last
-10), the final parameters (SHA-256 per rank and tensor, norms, a strided sample) and the tuner's executions or calls.
+until the first step that runs every key tuned has ended (step 1, except online: the first call after the session
+ended), the extra time until then (each step's time above the tuned step's, summed over the steps up to and including
+that one; the tuned step: the median of the last 10 steps after it), the total of the first 50 steps, the steady step
+(median of the last 10), the final parameters (SHA-256 per rank and tensor, norms, a strided sample) and the tuner's
+executions or calls.
 On CPU: TRITON_INTERPRET=1 NPROC=2 ./launch benchmarks/clients/train_loop.py --arm reexec --clients toy --small.
 """
 from __future__ import annotations
@@ -87,8 +91,9 @@ def run(args: argparse.Namespace, ranks: Any, specs: list[Any], cache: dict[str,
         one=lambda spec, ctx, all_modules: train_client(
             spec, ctx, args, all_modules, out.parent / "ctx_logs" / f"train-{args.arm}" / spec.name),
         describe=lambda rec: (f"first tuned step ended at {_fmt(rec['first_tuned']['at_s'], '.2f')} s (call "
-                              f"{rec['first_tuned']['call']}), first {rec['total']['steps']} steps "
-                              f"{rec['total']['s']:.2f} s, steady {rec['steady_ms']:.3f} ms, {_tuning_cell(rec)}"))
+                              f"{rec['first_tuned']['call']}), {_fmt(rec['first_tuned']['extra_s'], '.2f')} s extra "
+                              f"until then, first {rec['total']['steps']} steps {rec['total']['s']:.2f} s, steady "
+                              f"{rec['steady_ms']:.3f} ms, {_tuning_cell(rec)}"))
     if ranks.rank == 0:
         print(f"wrote {out}", flush=True)
     return 1 if any(r.get("error") for r in records) else 0
@@ -134,7 +139,7 @@ def train_client(spec: Any, ctx: Any, args: argparse.Namespace, all_modules: tup
         "client": spec.name, "arm": args.arm, "library": spec.requirement, "summary": spec.summary,
         "shapes": work.shapes, "steps": args.steps, "lr": args.lr, "autotuner_entries_cleared": cleared,
         "pinned": pinned, "step_s": times, "losses": loop["losses"],
-        "first_tuned": {"call": call, "at_s": None if call is None else sum(times[:call])},
+        "first_tuned": first_tuned(times, call),
         "total": {"steps": n_total, "s": sum(times[:n_total])},
         "steady_ms": 1e3 * _median(times[-STEADY_STEPS:]),
         "tuning": loop["tuning"],
@@ -164,13 +169,28 @@ def run_loop(ranks: Any, step: Callable[[], Any], steps: int, arm: str) -> dict[
             active.append(step._online is not None)  # the session goes on into the next call
             calls.append(step.last_call.executions)  # the session's running total, or a warm call's 1
             tuned.append(len(step.last_call.tuned))  # the session's keys decided so far
+    first_tuned_call = 1
     if arm == "online":
         decided = next((i + 1 for i, going_on in enumerate(active) if not going_on), None)
         tuning = {"calls_until_decided": decided, "session_calls": calls[decided - 1] if decided else calls[-1],
                   "session_active_after_call": active, "keys_tuned": tuned[decided - 1] if decided else tuned[-1]}
-    first_tuned_call = {"fixed": 1, "plain": 1, "reexec": 1, "online": tuning.get("calls_until_decided")}[arm]
+        # The session ended at the end of call `decided`: the next call is the first that runs every key tuned.
+        first_tuned_call = decided + 1 if decided is not None and decided < steps else None
     return {"times": times, "losses": torch.stack(outs).cpu().tolist(), "first_tuned_call": first_tuned_call,
             "tuning": tuning or {"executions": 1}}
+
+
+def first_tuned(times: list[float], call: int | None) -> dict[str, Any]:
+    """The first step that runs every key tuned (1-based `call`; None: not within the loop) and what it took to get
+    there: at_s, the time from the start of step 1 to its end; tuned_step_ms, the tuned step's time (the median of the
+    last STEADY_STEPS steps after it; None without any); extra_s, each step's time above the tuned step's, summed over
+    the steps up to and including that one (the tuning's cost in time the loop spent)."""
+    if call is None:
+        return {"call": None, "at_s": None, "tuned_step_ms": None, "extra_s": None}
+    after = times[call:][-STEADY_STEPS:]
+    tuned = _median(after) if after else None
+    return {"call": call, "at_s": sum(times[:call]), "tuned_step_ms": None if tuned is None else 1e3 * tuned,
+            "extra_s": None if tuned is None else sum(t - tuned for t in times[:call])}
 
 
 def _as_loss(out: Any) -> Any:
@@ -226,8 +246,8 @@ def _median(xs: list[float]) -> float:
 
 # ---- the report -------------------------------------------------------------------------------------
 
-COLUMNS = ("arm", "first tuned step at (s)", "total first N steps (s)", "vs fixed", "steady step (ms)",
-           "max |loss - fixed|", "params = fixed (bitwise / 2e-2)", "executions or calls")
+COLUMNS = ("arm", "first tuned step at (s)", "extra until then (s)", "total first N steps (s)", "vs fixed",
+           "steady step (ms)", "max |loss - fixed|", "params = fixed (bitwise / 2e-2)", "executions or calls")
 
 
 def _fmt(v: Any, fmt: str) -> str:
@@ -280,7 +300,9 @@ def table_row(rec: dict[str, Any], cmp: dict[str, Any]) -> list[str]:
     params = cmp.get("params")
     eq = "-" if params is None else (f"{'yes' if params['bitwise'] else 'no'} / {'yes' if params['close'] else 'NO'}"
                                      f" ({_fmt(params['max_rel_err'], '.1e')})")
-    return [rec["arm"], at, f"{_fmt(rec['total']['s'], '.2f')} ({rec['total']['steps']})",
+    extra = first.get("extra_s")  # (files of older versions have none)
+    return [rec["arm"], at, "-" if extra is None else _fmt(extra, ".2f"),
+            f"{_fmt(rec['total']['s'], '.2f')} ({rec['total']['steps']})",
             _fmt(cmp.get("vs_fixed"), ".2f") + "x" if cmp.get("vs_fixed") else "-", _fmt(rec["steady_ms"], ".3f"),
             _fmt(cmp.get("max_loss_diff"), ".2e"), eq, _tuning_cell(rec)]
 
@@ -306,9 +328,12 @@ def merge(paths: list[str], out: str | None) -> int:
         print(f"\n=== {client}: {meta.get('steps')} steps, world {meta.get('world')}, {meta.get('gpu')}, "
               f"libraries {meta.get('libraries')}")
         print("\n".join(format_table(list(COLUMNS), rows)))
-    print("\ncolumns: first tuned step at = seconds from the first step to the end of the first step that runs with "
-          "decided configs\n  (fixed, plain and reexec: step 1; online: the call after which every key is decided); "
-          f"total = the first\n  min({TOTAL_STEPS}, steps) steps; vs fixed = total / fixed's total; steady = median of "
+    print("\ncolumns: first tuned step at = seconds from the first step to the end of the first step that runs every "
+          "key tuned\n  (fixed, plain and reexec: step 1; online: the first call after the session ended, the call "
+          "after the one that\n  decided the last key); extra until then = each step's time above the tuned step's, "
+          "summed over the steps up to\n  and including that one (the tuned step: the median of the last "
+          f"{STEADY_STEPS} steps after it); total = the first\n  min({TOTAL_STEPS}, steps) steps; vs fixed = total / "
+          f"fixed's total; steady = median of "
           f"the last {STEADY_STEPS} steps; steps are the slowest\n  rank's, synchronized; loss = rank 0's step output "
           f"(a scalar's value, a tensor's RMS); params = fixed: every rank's final\n  tensors bit for bit / within "
           f"{PARAM_RTOL:g} relative (strided sample and norm; worst in brackets); executions of reexec's\n  first call, "

@@ -60,6 +60,10 @@ class KeyReport:
     end_to_end: bool = False  # decided on whole steps' times (objective, or an overlapped key's confirmation)
     split: bool = False  # screened with each rank taking a share of the configs
     readmitted: list[int] = field(default_factory=list)  # dropped by that screening, timed in lockstep after all
+    screened_out: list[int] = field(default_factory=list)  # dropped by the screening (the decision's screened_out)
+    # Split screening: a dropped config -> the one rank that screened it and whose time it has. The other ranks
+    # never ran it, so their missing times are no failure (build() sets it, from the decision's per_rank).
+    screened_on: dict[int, int] = field(default_factory=dict)
     # Incremental re-tuning (store/incremental.py): what was timed and carried over, and the scale.
     incremental: dict[str, Any] | None = None
     carried: list[int] = field(default_factory=list)  # configs whose times are carried over, not measured
@@ -95,13 +99,61 @@ class PointReport:
 
 
 @dataclass
+class OnlineCall:
+    """One call of an online session, as its online-call event logged it."""
+    call: int  # its number in the session (1 for the session's first)
+    wall_s: float  # measured after its end's decisions: the last call's includes deciding the last keys
+    slots: dict[str, int]  # "kernel key=(...)" -> the slots that key took in this call, for each key it launched
+    decided: list[str]  # the keys decided at its end
+
+
+@dataclass
+class KeyCost:
+    """What tuning one key online cost: the calls it was launched in until decided, and their time above the
+    tuned call's."""
+    name: str
+    calls: int
+    slots: int
+    decided_at: int | None  # None: not decided when the logs end
+    above_s: float
+
+
+@dataclass
 class OnlineReport:
-    """An online session (online=True): the real calls it took, and per key when it was decided."""
+    """An online function (online=True): its sessions' calls (a session ends when every key it met is decided;
+    a new key in a later call starts another), the calls it took, and per key when it was decided."""
     function: str
     calls: int = 0
     wall_s: list[float] = field(default_factory=list)  # each call's wall time
     key_calls: dict[str, int] = field(default_factory=dict)  # "kernel key" -> calls that launched it
     decided_at: dict[str, int] = field(default_factory=dict)  # "kernel key" -> the call whose end decided it
+    sessions: list[list[OnlineCall]] = field(default_factory=list)
+
+
+def tuned_call_s(session: list[OnlineCall]) -> float:
+    """The tuned call's time a session is measured against: its fastest call. The calls after a session ends,
+    which run every key tuned, are not logged; every call of the session takes a slot of some key, and its
+    last one also pays for the last decisions (a collective, the logs, the cache), so the fastest call is the
+    closest to a tuned call that the logs hold (a noisy one reads low, which counts the cost high)."""
+    return min(c.wall_s for c in session)
+
+
+def key_costs(session: list[OnlineCall]) -> list[KeyCost]:
+    """Per key of a session, in the order met: the calls it was launched in until (and with) the one whose end
+    decided it, the slots it took in them, and their time above the tuned call's (tuned_call_s)."""
+    tuned = tuned_call_s(session)
+    decided = {name: c.call for c in session for name in c.decided}
+    costs: dict[str, KeyCost] = {}
+    for c in session:
+        for name, slots in c.slots.items():
+            at = decided.get(name)
+            if at is not None and c.call > at:
+                continue  # launched after it was decided: its winner ran
+            k = costs.setdefault(name, KeyCost(name, 0, 0, at, 0.0))
+            k.calls += 1
+            k.slots += slots
+            k.above_s += c.wall_s - tuned
+    return list(costs.values())
 
 
 @dataclass
@@ -173,6 +225,7 @@ def _from_decision(e: dict[str, Any], function: str | None) -> KeyReport:
     r.fastest, r.tie_break = e.get("fastest"), e.get("tie_break")
     r.confirmed, r.end_to_end = e.get("confirmed"), bool(e.get("end_to_end"))
     r.split, r.readmitted = bool(e.get("split")), list(e.get("readmitted") or [])
+    r.screened_out = [int(j) for j in e.get("screened_out") or []]
     return r
 
 
@@ -259,11 +312,18 @@ class _Story:
         o = self.online.setdefault(e["function"], OnlineReport(e["function"]))
         o.calls += 1
         o.wall_s.append(float(e["wall_s"]))
+        names = {}
         for k in e["keys"]:
             name = f"{k['kernel']} key={tuple(k['key'])!r}"
+            names[name] = int(k.get("slots", 0))
             o.key_calls[name] = o.key_calls.get(name, 0) + 1
-        for k in e["decided"]:
-            o.decided_at[f"{k['kernel']} key={tuple(k['key'])!r}"] = int(e["call"])
+        decided = [f"{k['kernel']} key={tuple(k['key'])!r}" for k in e["decided"]]
+        for name in decided:
+            o.decided_at[name] = int(e["call"])
+        call = OnlineCall(int(e["call"]), float(e["wall_s"]), names, decided)
+        if not o.sessions or call.call <= o.sessions[-1][-1].call:
+            o.sessions.append([])  # a session numbers its calls from 1: a new one, or another job's
+        o.sessions[-1].append(call)
 
     def incremental(self, e: dict[str, Any]) -> None:
         """Written right after its key's decision: it adds to that decision's report."""
@@ -358,11 +418,35 @@ def build(log_dir: Path) -> Report:
             for j, reason in (e.get("local_failures") or {}).items():
                 r.failures.setdefault(int(j), {})[f"rank {rank}"] = reason
     for r in keys.values():
+        _find_screening_ranks(r)
         for j in range(len(r.configs)):
+            if j in r.failures or j in r.screened_on:
+                continue  # a reason is known; or only its screening rank ran it, and has its time
             failed = [rank for rank, row in enumerate(r.per_rank) if j < len(row) and row[j] is None]
-            if failed and j not in r.failures:
+            if not failed:
+                continue
+            if r.split and j in r.screened_out and j not in r.carried and len(failed) == len(r.per_rank):
+                r.failures[j] = {f"ranks {failed}": "no time on any rank (screened on one rank, whose log has "
+                                                    "no reason)"}
+            else:
                 r.failures[j] = {f"ranks {failed}": "no time (its rank's log has no reason)"}
     return Report(log_dir, ranks, calls, keys, problems, functions, story.online, story.frozen, story.ahead)
+
+
+def _find_screening_ranks(r: KeyReport) -> None:
+    """Split screening (decisions.py): rank k screens its share of the configs alone, and a config the screening
+    drops is never run by the other ranks. So a dropped config's time is the one rank's that screened it, the
+    others have none, and that is no failure: name the rank (the only one with a time). A dropped config with
+    no time on any rank failed where it was screened (its rank's local_failures say why); survivors and
+    readmitted configs are timed on every rank, where a missing time is a failure as usual."""
+    if not r.split:
+        return
+    for j in r.screened_out:
+        if j in r.carried:
+            continue  # carried over from an earlier tuning: not screened in this one
+        timed = [rank for rank, row in enumerate(r.per_rank) if j < len(row) and row[j] is not None]
+        if len(timed) == 1:
+            r.screened_on[j] = timed[0]
 
 
 # ---- text -------------------------------------------------------------------------------------
@@ -370,6 +454,23 @@ def build(log_dir: Path) -> Report:
 
 def _ms(x: float | None) -> str:
     return "failed" if x is None else f"{x:.4f}"
+
+
+def _rank_ms(r: KeyReport, rank: int, j: int) -> str:
+    """A cell of the per-rank table: the rank's time, "failed", or "-" where the rank never ran the config: a
+    split screening dropped it, and another rank screened it (its time, or its logged failure, says which)."""
+    row = r.per_rank[rank]
+    if j >= len(row):
+        return "-"
+    if row[j] is None and f"rank {rank}" not in r.failures.get(j, {}) and _screened_elsewhere(r, j):
+        return "-"
+    return _ms(row[j])
+
+
+def _screened_elsewhere(r: KeyReport, j: int) -> bool:
+    """Config j was dropped by a split screening, and the rank that screened it is known."""
+    return (r.split and j in r.screened_out and j not in r.carried
+            and (j in r.screened_on or any(who.startswith("rank ") for who in r.failures.get(j, {}))))
 
 
 def _runner_up(r: KeyReport) -> int | None:
@@ -399,7 +500,8 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
     if up is not None and best is not None:
         margin = r.ms[up] - best  # type: ignore[operator]
         pct = f", +{100 * margin / best:.1f}%" if best > 0 else ""
-        lines.append(f"  runner-up  #{up} {{{r.configs[up]}}}  {r.ms[up]:.4f} ms  (+{margin:.4f} ms{pct} slower)")
+        where = f"; its screening time, on rank {r.screened_on[up]} alone" if up in r.screened_on else ""
+        lines.append(f"  runner-up  #{up} {{{r.configs[up]}}}  {r.ms[up]:.4f} ms  (+{margin:.4f} ms{pct} slower{where})")
     elif r.ms:
         lines.append("  runner-up  none (no other config has a time)")
     if r.band is not None:
@@ -410,8 +512,12 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
     if r.split:
         back = (f"; #{', #'.join(map(str, r.readmitted))} dropped there, then timed in lockstep after all"
                 if r.readmitted else "")
+        alone = "; a config screened out ran on its screening rank alone" if r.screened_on else ""
         lines.append(f"  screening  split over {r.world} ranks (one rank per config), survivors timed on every "
-                     f"rank{back}")
+                     f"rank{back}{alone}")
+        for n, (j, rank) in enumerate(sorted(r.screened_on.items())):
+            lines.append(f"  {'dropped' if n == 0 else '':<10} #{j} {{{r.configs[j]}}}: screened on rank {rank}: "
+                         f"{_ms(r.per_rank[rank][j])} ms")
     if r.confirmed:
         lines.append(f"  {_confirmed_line(r)}")
     if r.incremental is not None:
@@ -448,8 +554,9 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
             mark = "*" if j == r.winner else " "
             q = (f"{r.q20[j]:.3f}..{r.q80[j]:.3f}" if j < len(r.q20) and r.q20[j] is not None
                  and j < len(r.q80) and r.q80[j] is not None else "-")
-            ranks = "".join(f"  {_ms(row[j]) if j < len(row) else '-':>10}" for row in r.per_rank)
-            carried = "  (carried over, scaled)" if j in r.carried else ""
+            ranks = "".join(f"  {_rank_ms(r, rank, j):>10}" for rank in range(len(r.per_rank)))
+            carried = ("  (carried over, scaled)" if j in r.carried else
+                       f"  (screened out on rank {r.screened_on[j]}, not run on the others)" if j in r.screened_on else "")
             lines.append(f"    {mark} #{j:<3}  {_ms(r.ms[j] if j < len(r.ms) else None):>10}  {q:>19}{ranks}  "
                          f"{config}{carried}")
     return lines
@@ -496,15 +603,36 @@ def format_points(f: PointReport) -> list[str]:
     return out
 
 
+def _secs(s: float) -> str:
+    return f"{s:.3f} s" if abs(s) >= 1 else f"{s * 1e3:.3f} ms"
+
+
 def format_online(o: OnlineReport) -> list[str]:
-    """The cost of tuning online: the calls each key took, and those calls' time above the session's last."""
-    last = o.wall_s[-1] if o.wall_s else 0.0
-    above = sum(w - last for w in o.wall_s)
-    lines = [f"{o.function}: tuned online over {o.calls} calls ({sum(o.wall_s):.3f} s; {above:.3f} s above "
-             f"{o.calls} calls at the last one's {last * 1e3:.3f} ms)"]
-    for name, n in o.key_calls.items():
-        at = o.decided_at.get(name)
-        lines.append(f"  {name}: launched in {n} calls, " + (f"decided at call {at}" if at else "not decided yet"))
+    """The cost of tuning online, per session: its calls' time above as many tuned calls, and per key the calls
+    it was launched in until decided and their time above the tuned call's (tuned_call_s says which call)."""
+    many = len(o.sessions) > 1
+    lines = [f"{o.function}: tuned online over {o.calls} calls" + (f" in {len(o.sessions)} sessions" if many else "")]
+    pad = "    " if many else "  "
+    for n, session in enumerate(o.sessions, 1):
+        tuned = tuned_call_s(session)
+        fastest = min(session, key=lambda c: c.wall_s)
+        total = sum(c.wall_s for c in session)
+        costs = key_costs(session)
+        ended = all(k.decided_at is not None for k in costs)
+        cost = (f"({_secs(total)}), {_secs(total - tuned * len(session))} above {len(session)} tuned calls"
+                + ("" if ended else "; not ended when the logs end"))
+        if many:
+            lines.append(f"  session {n}: {len(session)} calls {cost}")
+        else:
+            lines[0] += f" {cost}"
+        last = (f"its last call, {_secs(session[-1].wall_s)}, also made the last decisions" if ended else
+                "no call of it ran every key tuned")
+        lines.append(f"{pad}tuned call {_secs(tuned)}: the session's fastest, call {fastest.call} (the calls after a "
+                     f"session are not logged; {last})")
+        for k in costs:
+            until = (f"{k.calls} calls until decided at call {k.decided_at}" if k.decided_at is not None
+                     else f"{k.calls} calls, not decided yet")
+            lines.append(f"{pad}{k.name}: {until} ({k.slots} slots), {_secs(k.above_s)} above the tuned call")
     return lines
 
 
