@@ -35,6 +35,7 @@ def require_process_group(is_dist: bool, function: str) -> None:
 # the process it is (a sequence number per control group), the call and step it ends, what it is (the kind and
 # a checksum of its label) and the payload's size. Ranks that agree issue equal rows.
 HEADER = ("seq", "call", "step", "op", "label", "numel", "dtype")
+FUSED = 32  # a payload of at most this many int64/float64 numbers rides in the header's row
 ABANDON_WAIT_S = 30.0  # how long a rank that leaves with an error waits for the others to hear it
 _OPS = {"all_gather": 1, "broadcast": 2, "abandon": 3}
 _OP_NAMES = {v: k for k, v in _OPS.items()}
@@ -109,7 +110,6 @@ class Collectives:
         self.call, self.step, self.doing = 0, 0, ""  # call 0: numbered at its first collective
         self.function = ""  # the tuned function's name: ranks in different functions' calls differ at once
         self.on_header: Callable[[dict[str, Any]], None] | None = None
-        self.skip_next = 0  # tests only (schedule_test_hook): drop this many collectives to force a mismatch
         self.device = torch.device("cpu")
         if self.dist is None:
             self.rank, self.world, self.global_rank = 0, 1, 0
@@ -161,8 +161,13 @@ class Collectives:
         rows = self._raw_gather(buf, what)
         return [bytes(rows[r, : int(sizes[r, 0])].tolist()) for r in range(self.world)]
 
-    def _guard(self, op: str, what: str, payload: torch.Tensor | None, timeout_s: float | None = None) -> None:
-        """Check the header of the collective about to run against every rank's; raise if any differs."""
+    def _guard(self, op: str, what: str, payload: torch.Tensor | None,
+               timeout_s: float | None = None) -> torch.Tensor | None:
+        """Check the header of the collective about to run against every rank's; raise if any differs.
+
+        A small payload (at most FUSED 8-byte numbers) rides in the header's row, which has one size on
+        every rank whatever the payload: then the collective is this one gather, and every rank's payload
+        ([world, *shape]) is returned. Otherwise None, and the caller issues the payload's collective."""
         control = self._ctl()
         if self.call == 0:  # this object's first collective: the call it belongs to gets the next number
             control.calls += 1
@@ -171,21 +176,27 @@ class Collectives:
         numel = -1 if payload is None else payload.numel()
         dtype = -1 if payload is None else _DTYPES.get(payload.dtype, 0)
         label = zlib.crc32(f"{self.function}\0{what}".encode())
-        row = torch.tensor([control.seq, self.call, self.step, _OPS[op], label, numel, dtype],
-                           dtype=torch.int64)
+        row = torch.zeros(len(HEADER) + FUSED, dtype=torch.int64)
+        row[: len(HEADER)] = torch.tensor([control.seq, self.call, self.step, _OPS[op], label, numel, dtype])
+        fused = payload is not None and payload.dtype in (torch.int64, torch.float64) and numel <= FUSED
+        if fused:
+            assert payload is not None
+            row[len(HEADER): len(HEADER) + numel] = payload.reshape(-1).view(torch.int64)
         shape = "none" if payload is None else "x".join(map(str, payload.shape)) + f" {str(payload.dtype)[6:]}"
-        mine = {"seq": control.seq, "function": self.function, "call": self.call, "step": self.step, "op": op, "what": what,
-                "doing": self.doing, "shape": shape}
+        mine = {"seq": control.seq, "function": self.function, "call": self.call, "step": self.step, "op": op,
+                "what": what, "doing": self.doing, "shape": shape}
         if self.on_header is not None:
             self.on_header(mine)  # before the wait: a hung rank's log names the collective it is in
-        if self.skip_next > 0:  # tests only: this rank skips the collective, as a diverged rank would
-            self.skip_next -= 1
-            return
         rows = self._raw_gather(row, f"{what} (schedule header)", timeout_s)
-        if bool((rows == rows[0]).all()):
-            return
+        head = rows[:, : len(HEADER)]
+        if bool((head == head[0]).all()):
+            if not fused:
+                return None
+            assert payload is not None
+            data = rows[:, len(HEADER): len(HEADER) + numel].contiguous().view(payload.dtype)
+            return data.reshape(self.world, *payload.shape)
         views = [json.loads(b) for b in self._raw_gather_bytes(json.dumps(mine).encode(), "explain a schedule mismatch")]
-        control.seq = max(int(rows[:, 0].max()), control.seq)  # later collectives start from one count again
+        control.seq = max(int(head[:, 0].max()), control.seq)  # later collectives start from one count again
         raise ScheduleMismatchError(self.rank, views)
 
     def abandon(self, reason: str) -> None:
@@ -201,15 +212,17 @@ class Collectives:
         if not self.active:
             return tensor.unsqueeze(0).clone()
         t = tensor.detach().to("cpu").contiguous()
-        self._guard("all_gather", what, t)
-        return self._raw_gather(t, what)
+        rows = self._guard("all_gather", what, t)
+        return rows if rows is not None else self._raw_gather(t, what)
 
     def broadcast_from_root(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
         """The group's rank 0 value, on every rank."""
         if not self.active:
             return tensor.clone()
         t = tensor.detach().to("cpu").clone().contiguous()
-        self._guard("broadcast", what, t)
+        rows = self._guard("broadcast", what, t)
+        if rows is not None:
+            return rows[0].clone()  # (a small payload: every rank's rode in the header's gather; rank 0's counts)
         root = self.dist.get_global_rank(self._group(), 0)
         self._wait(self.dist.broadcast(t, src=root, group=self._group(), async_op=True), what)
         return t
