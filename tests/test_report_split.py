@@ -74,6 +74,19 @@ def test_the_readme_example_shows_each_screened_out_config_on_the_rank_that_scre
             dropped += 1
     # 16x16 tiles are many times slower than 32x32 under the interpreter: some config is always screened out.
     assert dropped >= 1
+    # Run again: every key is a cache hit, and the cache entries tell the split screening as the logs did.
+    again = tmp_path / "logs-again"
+    proc = subprocess.run([str(ROOT / "launch"), "examples/tp_mlp.py"], cwd=ROOT, capture_output=True, text=True,
+                          env={**env, "TRITON_CTX_TUNE_LOG_DIR": str(again)}, timeout=DEADLINE_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "first call : 1 executions" in proc.stdout
+    text = format_report(build(again))
+    assert "failed" not in text and "no time" not in text
+    for d in decisions:
+        block = _block(text, d["kernel"], d["key"])
+        for j in d["screened_out"]:
+            (k,) = [r for r in (0, 1) if math.isfinite(d["per_rank"][r][j])]
+            assert sum(f"#{j} {{{d['configs'][j]}}}: screened on rank {k}: " in x for x in block) == 1, block
 
 
 @pytest.mark.dist

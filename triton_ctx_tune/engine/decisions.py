@@ -267,7 +267,7 @@ class Decisions:
             path = svc.cache.store(lookup, s.configs, winner, reduced.tolist(), per_rank.tolist(), dict(s.failures),
                                    {"function": svc.function, "executions": svc.stats.executions,
                                     "tuning_s": s.tuning_s, "n_warmup": s.n_warmup, "n_repeat": s.n_repeat,
-                                    **incremental},
+                                    "split": s.split, "screened_out": sorted(s.dropped), **incremental},
                                    carried=s.incremental.carried if s.incremental is not None else ())
             if path is not None:
                 svc.stats.stored.append(str(path))

@@ -288,9 +288,13 @@ def make_entry(ident: dict[str, Any], configs: Sequence[Config], winner: int, re
     def finite(x: float) -> float | None:
         return float(x) if math.isfinite(x) else None  # strict JSON has no Infinity
 
+    # A split screening's dropped configs ran on their screening rank alone: no time elsewhere is no failure.
+    screened = set(tuned.get("screened_out") or ()) if tuned.get("split") else set()
     timings = []
     for j, config in enumerate(configs):
         failed_ranks = [r for r, row in enumerate(per_rank) if not math.isfinite(row[j])]
+        if j in screened and len(failed_ranks) == len(per_rank) - 1:
+            failed_ranks = []
         failure = failures.get(j)
         if failure is None and failed_ranks:
             failure = f"no time on rank(s) {failed_ranks}"

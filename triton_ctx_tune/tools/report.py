@@ -266,6 +266,7 @@ def add_entry(r: KeyReport, entry: dict[str, Any]) -> None:
     tuned = entry.get("tuned", {})
     r.stat, r.reduce, r.world = ident.get("stat", "median"), ident.get("reduce", "max"), ident.get("world", 1)
     r.executions, r.tuning_s, r.date = tuned.get("executions"), tuned.get("tuning_s"), tuned.get("date")
+    r.split, r.screened_out = bool(tuned.get("split")), [int(j) for j in tuned.get("screened_out") or []]
 
 
 @dataclass
