@@ -281,33 +281,23 @@ class Executor:
                        mine=done.mine, seconds=done.seconds, failures={str(i): r for i, r in done.failures.items()},
                        by_workers=done.by_workers, workers=done.workers, ran_meanwhile=done.ran_meanwhile)
 
-    def finish_compiles(self, void: bool) -> None:
+    def finish_compiles(self, void: bool, everywhere: list[KeyState] | None = None) -> None:
         """The collective half of the background compiles, in the order every rank met the keys.
 
         A void step (some rank failed) met keys that no later step runs: their compiles are dropped.
-        Online, a key's compiles are gathered at the first step's end where every rank has finished
-        its share; until then its launches run whichever config is ready (_while_compiling).
+        Online, a key's compiles are gathered at the first step's end where every rank has finished its
+        share (`everywhere`, agreed with the step: schedule.py); until then its launches run whichever
+        config is ready (_while_compiling).
         """
-        if not self.online:
-            for state in self.new_states:
-                if state.compiling is not None:
-                    if void:
-                        state.compiling = None
-                    else:
-                        self._precompiled(state, state.compiling.finish(self.services.comm))
-            return
         if void:
             for state in self.new_states:
                 state.compiling = None
-        compiling = [s for s in self.search.kernels.values() if s.compiling is not None]
-        if not compiling:
             return
-        mine = torch.tensor([int(s.compiling.done) for s in compiling], dtype=torch.int64)  # type: ignore[union-attr]
-        everyone = self.services.comm.all_gather(mine, "online: which keys finished compiling on every rank")
-        for state, done in zip(compiling, everyone.amin(0).tolist()):
-            if done:
-                self._precompiled(state, state.compiling.finish(self.services.comm))  # type: ignore[union-attr]
-                state.skip_warmups()
+        for state in self.new_states if not self.online else everywhere or []:
+            if state.compiling is not None:
+                self._precompiled(state, state.compiling.finish(self.services.comm))
+                if self.online:
+                    state.skip_warmups()
 
     def apply_quarantine(self, state: KeyState) -> None:
         """Every rank's quarantined configs of a key met in this step, on every rank (at the step's end)."""

@@ -14,7 +14,7 @@ earlier broadcasts made the same on every rank. Its fixed order:
 4. the final run, clean on every rank: the call ends;
 5. quarantined configs of the keys met in the step (one gather per key met, in the order met);
 6. compile results: of each key met (re-execution), or of the keys every rank has finished compiling
-   (online: one gather of the compile flags, then one per finished key);
+   (online: their flags rode along in step 1; one gather per finished key);
 7. validation verdicts, when validating;
 8. the decisions of the tunables whose slots ran out (one gather of timings, one broadcast).
 
@@ -46,20 +46,35 @@ class StepReport:
     slots: list[list[Any]]  # per tunable still tuning: [what, slots taken, slots planned]
     failure: str | None = None  # the step failed here (a point's execution raised)
     error: str | None = None  # an error every rank raises once agreed (a key not launched again)
+    # Online: per key compiling since an earlier step (compiling_keys' order), whether this rank has finished.
+    compiled: list[int] = field(default_factory=list)
 
     def identity(self) -> bytes:
-        return json.dumps([self.new, self.launches, self.measured, self.slots], sort_keys=True).encode()
+        return json.dumps([self.new, self.launches, self.measured, self.slots, len(self.compiled)],
+                          sort_keys=True).encode()
+
+    def flags(self) -> tuple[int, ...]:
+        """What rides along with the identity: failed, an error, then the compile flags."""
+        return (int(self.failure is not None), int(self.error is not None), *self.compiled)
 
     def explain(self) -> bytes:
         return json.dumps(self.__dict__, sort_keys=True).encode()
 
     @staticmethod
     def of(search: Search, a: Assignment, new: list[KeyState], launches: int, failure: str | None,
-           error: str | None) -> StepReport:
+           error: str | None, online: bool) -> StepReport:
         tuning = [t for t in _tunables(search) if not t.settled]
+        compiled = [int(s.compiling.done) for s in compiling_keys(search, new)] if online else []
         return StepReport([s.describe() for s in new], launches,
                           None if a.measured is None else [a.measured.describe(), a.config],
-                          [[_name(t), t.next_slot, t.total_slots] for t in tuning], failure, error)
+                          [[_name(t), t.next_slot, t.total_slots] for t in tuning], failure, error, compiled)
+
+
+def compiling_keys(search: Search, new: list[KeyState]) -> list[KeyState]:
+    """Keys whose background compiles an earlier step started and every rank has not yet finished: the
+    same keys, in the same order, on every rank (a step's new keys are agreed only at its end)."""
+    fresh = {id(s) for s in new}
+    return [s for s in search.kernels.values() if s.compiling is not None and id(s) not in fresh]
 
 
 @dataclass
@@ -69,20 +84,23 @@ class StepEnd:
     error: str | None = None  # raised on every rank
     final: bool = False  # the final run: nothing follows
     clean: bool = False  # no slot taken and no key met, on every rank
+    compiled: list[KeyState] = field(default_factory=list)  # online: keys every rank has finished compiling
 
     @property
     def void(self) -> bool:
         return bool(self.failures)
 
 
-def plan(reports: list[StepReport], search: Search) -> StepEnd:
-    """The step's end from every rank's report (equal identities: checked before this) and the search."""
+def plan(reports: list[StepReport], search: Search, new: list[KeyState], compiled: list[int]) -> StepEnd:
+    """The step's end from every rank's report (equal identities: checked before this), the search, and the
+    compile flags every rank finished (`compiled`, the minimum over ranks)."""
     failures = {r: rep.failure for r, rep in enumerate(reports) if rep.failure is not None}
     error = next((rep.error for rep in reports if rep.error is not None), None)
     mine = reports[0]  # identities are equal: any rank's report says what every rank's does
     clean = mine.launches == 0 and not mine.new
+    done = [s for s, flag in zip(compiling_keys(search, new), compiled) if flag]
     return StepEnd(failures, None if failures else error, not failures and error is None and clean and search.finished,
-                   clean)
+                   clean, done)
 
 
 def _tunables(search: Search) -> list[Tunable]:

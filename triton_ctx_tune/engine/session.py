@@ -210,7 +210,7 @@ class Session:
             return False
         try:
             end = self._agree(StepReport.of(self.search, a, ex.new_states, ex.tuning_launches, failure,
-                                            self._missing_launch(failure)))
+                                            self._missing_launch(failure), self.online))
         except CollectiveTimeoutError as e:
             self.executor.name_suspects(e)
             raise
@@ -231,7 +231,7 @@ class Session:
         if self.services.quarantine is not None:
             for state in ex.new_states:
                 ex.apply_quarantine(state)
-        ex.finish_compiles(void=False)
+        ex.finish_compiles(void=False, everywhere=end.compiled)
         self.services.timer.sync()
         if self.checks is not None and self.checks.point_invalid(a, output):
             return False
@@ -318,18 +318,19 @@ class Session:
         """Step 1 of the schedule: one guarded all-gather of the reports' identities and every rank's flags;
         the plan of the rest of the step's end. Ranks whose reports differ (other keys, other slot counts)
         raise RankMismatchError together, unless some rank failed the step (its launches need not match)."""
+        new = self.executor.new_states
         if not self.comm.active:
-            return schedule.plan([mine], self.search)
-        flags, differing = self.comm.agree(mine.identity(), "agree on the step", mine.explain,
-                                           payload=(int(mine.failure is not None), int(mine.error is not None)))
-        if differing is None and not bool(flags.any()):
-            return schedule.plan([mine] * self.comm.world, self.search)
+            return schedule.plan([mine], self.search, new, mine.compiled)
+        flags, differing = self.comm.agree(mine.identity(), "agree on the step", mine.explain, payload=mine.flags())
+        compiled = flags[:, 2:].amin(0).tolist() if differing is None else []
+        if differing is None and not bool(flags[:, :2].any()):
+            return schedule.plan([mine] * self.comm.world, self.search, new, compiled)
         if differing is None:  # the same step everywhere, but a rank failed or found an error: say which
             differing = self.comm.all_gather_bytes(mine.explain(), "agree on the step: every rank's failures")
         reports = [StepReport(**json.loads(b)) for b in differing]
         if not bool(flags[:, 0].any()) and any(r.identity() != reports[0].identity() for r in reports):
             raise RankMismatchError(_describe_mismatch(reports))
-        return schedule.plan(reports, self.search)
+        return schedule.plan(reports, self.search, new, compiled)
 
 
 def _describe_mismatch(everyone: list[StepReport]) -> str:
