@@ -203,3 +203,17 @@ def test_online_ranks_take_the_same_calls_and_a_rank_that_launches_more_is_named
         assert row["decided_at"] is not None and row["decided_at"] <= 20, row
         assert set(row["chosen"]) == {"double_(128, 'torch.float32')", "add_one_(128, 'torch.float32')"}
     assert all(row["chosen"] == rows[0]["chosen"] and row["decided_at"] == rows[0]["decided_at"] for row in rows)
+
+
+def test_online_a_config_that_cannot_compile_never_skips_the_programs_launch():
+    """Online, every launch is the program's own: the first slot's config (BLOCK=128) cannot compile, and
+    no config has run yet, so another one runs in its place (the soak found such launches skipped)."""
+    @contextual_autotune(**ONLINE)
+    def step(x):
+        K.limited_add_one_[grid(N)](x, N, LIMIT=64)
+        return x
+
+    x = torch.zeros(N, device=DEVICE)
+    calls = _decide(step, x)
+    assert torch.equal(x, torch.full((N,), float(calls), device=DEVICE))  # every call added one
+    assert K.chosen(K.limited_add_one_) == {KEY: 64}

@@ -389,8 +389,9 @@ class Executor:
     def _fallback(self, state: KeyState, record: SlotRecord, args: tuple, kwargs: dict[str, Any]) -> Any:
         """Keep the function running with a config known to work here; skip the launch if none is."""
         # A key met in this step has run no config yet: then any config that compiles keeps the
-        # execution whole (the step's end still shares every failure).
-        while (index := state.fallback(untried=state.compiling is not None)) is not None:
+        # execution whole (the step's end still shares every failure). Online, every launch is the program's
+        # own and must run: any config not known to fail is tried (the soak found skipped launches).
+        while (index := state.fallback(untried=state.compiling is not None or self.online)) is not None:
             ok, out = self._try_launch(state, index, args, kwargs)
             if ok:
                 state.works.add(index)
