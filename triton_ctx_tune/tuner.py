@@ -208,7 +208,9 @@ class ContextualAutotuner(Generic[R]):
             return session.comm.share_failures(mine, 1, "exactly once: can every rank undo its execution")
 
         def execute(step_point: dict[str, Any]) -> R:
-            if guard.executions == 1 or (call.late_guard and guard.changed_state):
+            # Whether a rank's execution changed state is its own fact: a late-watched call asks the ranks
+            # before every execution, so that the collective never depends on it (docs/schedule.md).
+            if guard.executions == 1 or call.late_guard:
                 stop_unless_restorable(guard, share, self.name, late=call.late_guard)
             if guard.executions:
                 guard.rewind()
