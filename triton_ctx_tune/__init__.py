@@ -14,6 +14,11 @@ from .errors import (CollectiveTimeoutError, CtxTuneError, EmptyConfigSpaceError
                      NoProcessGroupError, NothingToValidateError, NoValidConfigError, NoValidPointError,
                      RankMismatchError, StateNotRestorableError, TuneDuringCaptureError, UnattributedLaunchWarning,
                      UserHookError)
+from .runtime.clean_exit import import_distributed_nn  # noqa: E402
+
+# Before any decoration imports torch._dynamo: a process group it bound would outlive destroy_process_group().
+import_distributed_nn()
+
 from .compile.compile_workers import start_compile_workers  # noqa: E402
 from .runtime.patch import autotuner_patch  # noqa: E402
 from .runtime.resolver import carry  # noqa: E402

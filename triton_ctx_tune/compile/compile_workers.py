@@ -16,7 +16,7 @@ Each worker leads its own process group, so a compile that runs past its limit i
 ptxas it started. The zygote reaps its workers and reports how each ended (the crash message names
 the signal). Nothing outlives the rank: the zygote exits when its rank does (its socket closes or its
 parent pid changes) and kills its workers' groups; a worker exits when its zygote does. atexit
-closes the pool without waiting long.
+closes the pool without waiting long, and joins the threads that read the zygote and boot workers.
 """
 from __future__ import annotations
 
@@ -106,7 +106,8 @@ class _Zygote:
         self._forked: list[int] = []  # pids the zygote answered, not yet taken by fork()
         self._exits: dict[int, int] = {}  # a worker's pid: how it ended (negative: the signal's number)
         self._fork_lock = threading.Lock()  # one fork in flight, so that the next answer is its own
-        threading.Thread(target=self._read, name="ctx-tune-zygote", daemon=True).start()
+        self._reader = threading.Thread(target=self._read, name="ctx-tune-zygote", daemon=True)
+        self._reader.start()
 
     @property
     def pid(self) -> int:
@@ -175,6 +176,9 @@ class _Zygote:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
+        # The shutdown ended its recv. Joined here (close runs at exit) so that it is not still
+        # running when the interpreter finalizes.
+        self._reader.join(timeout=2.0)
 
 
 class _Worker:
@@ -182,6 +186,7 @@ class _Worker:
         self.conn = conn  # both ways: configs to compile out, outcomes back
         self.pid: int | None = None  # once the zygote has forked it
         self.state = "booting"  # then "idle", "busy", "dead"
+        self.boot: threading.Thread | None = None  # the thread that has the zygote fork it and waits for it
 
     def kill(self) -> None:
         """End the worker and anything it started (ptxas); the zygote reaps it."""
@@ -270,7 +275,9 @@ class WorkerPool:
         ours, theirs = socket.socketpair()
         worker = _Worker(Connection(ours.detach()))
         self._workers.append(worker)
-        threading.Thread(target=self._boot, args=(worker, theirs), name="ctx-tune-worker-boot", daemon=True).start()
+        worker.boot = threading.Thread(target=self._boot, args=(worker, theirs), name="ctx-tune-worker-boot",
+                                       daemon=True)
+        worker.boot.start()
 
     def _boot(self, worker: _Worker, child_end: socket.socket) -> None:
         try:
@@ -366,6 +373,12 @@ class WorkerPool:
             if w.pid is not None:
                 self.zygote.exit_code(w.pid, timeout_s=max(0.0, deadline - time.monotonic()))
             w.kill()
+        # A killed worker's end closes, which ends its boot thread's wait; joined (briefly) so that
+        # none is still running when the interpreter finalizes (close runs at exit).
+        deadline = time.monotonic() + 2.0
+        for w in workers:
+            if w.boot is not None and w.boot is not threading.current_thread():
+                w.boot.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 _pool: WorkerPool | None = None

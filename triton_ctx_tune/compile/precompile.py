@@ -17,6 +17,11 @@ worker process is killed (a thread that compiles itself is abandoned: left to fi
 never waited for), and so is one whose worker crashes; the gathers make the config invalid on
 every rank.
 
+No other thread started here outlives its work: run_with_deadline joins its threads before it
+returns, finish() joins the background one, and at exit an atexit hook stops the ones a call left
+running (it raised before finish()) and waits for them, before the interpreter finalizes (a daemon
+thread that is still running there is ended inside the runtime, not let return).
+
 A key met in the middle of an execution holds that execution up only until one config can run:
 `start()` compiles this rank's share in the background, without any collective, and the execution
 goes on with whichever of them compiles first (`first_ready()`), so it never waits on one config
@@ -27,6 +32,7 @@ waiting for the one before, and a key's slowest config no longer stalls the whol
 """
 from __future__ import annotations
 
+import atexit
 import heapq
 import itertools
 import math
@@ -47,6 +53,45 @@ from ..engine.state import KeyState
 # A thread that hands its config to a worker waits this much longer than compile_timeout_s, so that
 # a compile that hangs in the worker is ended by the worker's own limit, which kills it.
 WORKER_GRACE_S = 10.0
+# At exit, how long the atexit hook waits for compile threads to end their config in hand.
+EXIT_WAIT_S = 10.0
+EXIT_REASON = "not compiled: the process is exiting"
+
+# Set by the atexit hook: compile threads take no further config, waits for a place end.
+_EXITING = threading.Event()
+_threads: set[threading.Thread] = set()  # compile threads started here that have not ended
+_abandoned: set[threading.Thread] = set()  # of those, the ones left in a compile past its deadline
+_threads_lock = threading.Lock()
+
+
+def _start_thread(target: Callable[[], None], name: str) -> threading.Thread:
+    """Start a daemon thread that the atexit hook knows of until it ends."""
+    def run() -> None:
+        try:
+            target()
+        finally:
+            with _threads_lock:
+                _threads.discard(thread)
+                _abandoned.discard(thread)
+
+    # A daemon: an abandoned compile must not hold up the exit (non-daemon threads are joined before
+    # atexit hooks run, with no limit); every other one is joined by its caller or by _stop_threads.
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    with _threads_lock:
+        _threads.add(thread)
+    thread.start()
+    return thread
+
+
+@atexit.register
+def _stop_threads() -> None:
+    _EXITING.set()
+    GATE.wake()
+    deadline = time.monotonic() + EXIT_WAIT_S
+    with _threads_lock:
+        waiting = [t for t in _threads if t not in _abandoned]
+    for thread in waiting:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 @dataclass
@@ -119,14 +164,15 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     if pool is not None:
         threads = max(threads, pool.size)  # one thread per worker keeps every worker busy
     if math.isinf(timeout_s) and (threads <= 1 or len(indices) <= 1):
-        results = {i: one(i) for i in indices}  # nothing to bound: no thread needed
+        results = {i: one(i) if not _EXITING.is_set() else (None, EXIT_REASON) for i in indices}  # nothing to bound
     else:
         done, late = run_with_deadline(indices, one, threads, timeout_s + (WORKER_GRACE_S if pool else 0.0),
                                        gate=lambda i: GATE.enter(i == first, threads, len(state.configs)))
         results = {i: r for i, r in done.items()}
         for i in late:
-            results[i] = (None, f"compile timeout: compiling this config took longer than {timeout_s:g} s, so it was "
-                                "abandoned (raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT if it is just slow)")
+            results[i] = (None, EXIT_REASON if _EXITING.is_set() else
+                          f"compile timeout: compiling this config took longer than {timeout_s:g} s, so it was "
+                          "abandoned (raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT if it is just slow)")
     kernels = {i: k for i, (k, r) in results.items() if r is None}
     failures = {i: r for i, (_, r) in results.items() if r is not None}
     if load:
@@ -173,13 +219,19 @@ class CompileGate:
     def enter(self, first: bool, width: int, size: int = 0) -> Callable[[], None]:
         """Wait for a place (a first config never waits; `size`: its key's configs); returns the place's
         release (idempotent: a compile abandoned at its deadline gives its place back, while its thread
-        may never end)."""
+        may never end). At exit it returns at once, without a place (its caller compiles nothing)."""
         if first:
             return lambda: None
         with self._cond:
             ticket = (size, next(self._tickets))
             heapq.heappush(self._waiting, ticket)
-            self._cond.wait_for(lambda: self._rest < max(1, width - 1) and self._waiting[0] == ticket)
+            self._cond.wait_for(lambda: _EXITING.is_set()
+                                or (self._rest < max(1, width - 1) and self._waiting[0] == ticket))
+            if _EXITING.is_set():
+                self._waiting.remove(ticket)
+                heapq.heapify(self._waiting)
+                self._cond.notify_all()
+                return lambda: None
             heapq.heappop(self._waiting)
             self._rest += 1
             self._cond.notify_all()  # the next ticket may have a place too
@@ -193,6 +245,11 @@ class CompileGate:
                     self._cond.notify_all()
         return release
 
+    def wake(self) -> None:
+        """Let every waiter see that the process is exiting."""
+        with self._cond:
+            self._cond.notify_all()
+
 
 GATE = CompileGate()
 
@@ -205,7 +262,10 @@ def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int, 
     A task running longer than timeout_s is abandoned: nobody waits for it, and a new thread takes
     its place. A thread cannot be killed, so the threads are daemons: one stuck in a compiler must
     not hold up this call's return, nor the interpreter's exit (ThreadPoolExecutor's workers would:
-    they are joined at exit). An exception in work() is re-raised here once every task is settled.
+    they are joined at exit). Every other thread is joined before this returns: one still ending
+    when the process exits would be ended inside the interpreter's finalization instead. At exit
+    (the atexit hook), no further task starts and the tasks not settled count as late.
+    An exception in work() is re-raised here once every task is settled.
     """
     lock = threading.Lock()
     settled = threading.Condition(lock)
@@ -214,14 +274,23 @@ def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int, 
     results: dict[int, tuple[bool, Any]] = {}
     late: list[int] = []
     places: dict[int, Callable[[], None]] = {}
+    spawned: list[threading.Thread] = []
+    running_on: dict[int, threading.Thread] = {}  # task: the thread working on it
 
     def worker() -> None:
         while True:
             with lock:
-                if not pending:
+                if not pending or _EXITING.is_set():
+                    settled.notify_all()
                     return
                 i = pending.pop()
+                running_on[i] = threading.current_thread()
             release = gate(i) if gate is not None else (lambda: None)
+            if _EXITING.is_set():
+                release()
+                with lock:
+                    settled.notify_all()
+                return
             with lock:
                 places[i] = release
                 started[i] = time.monotonic()
@@ -237,7 +306,7 @@ def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int, 
                 settled.notify_all()
 
     def spawn() -> None:
-        threading.Thread(target=worker, name="ctx-tune-compile", daemon=True).start()
+        spawned.append(_start_thread(worker, "ctx-tune-compile"))
 
     for _ in range(max(1, min(threads, len(tasks)))):
         spawn()
@@ -249,10 +318,21 @@ def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int, 
                 if now - started[i] >= timeout_s:
                     late.append(i)
                     places[i]()
+                    with _threads_lock:
+                        if running_on[i] in _threads:  # not ended meanwhile
+                            _abandoned.add(running_on[i])
                     if pending:
                         spawn()
+            abandoned = {running_on[i] for i in late}
+            if _EXITING.is_set() and not any(t.is_alive() for t in spawned if t not in abandoned):
+                late.extend(i for i in tasks if i not in results and i not in late)
+                break
             deadlines = [started[i] + timeout_s - now for i in running if i not in late]
             settled.wait(timeout=min(deadlines + [1.0]) if deadlines else 1.0)
+        abandoned = {running_on[i] for i in late if i in started}
+    for thread in spawned:
+        if thread not in abandoned:
+            thread.join()  # its last task is settled: it is on its way out
     errors = [value for ok, value in (results[i] for i in tasks if i in results) if not ok]
     if errors:
         raise errors[0]
@@ -297,8 +377,7 @@ class Precompiling:
         self._thread: threading.Thread | None = None
 
     def start(self) -> Precompiling:
-        self._thread = threading.Thread(target=self._compile_mine, name="ctx-tune-precompile", daemon=True)
-        self._thread.start()
+        self._thread = _start_thread(self._compile_mine, "ctx-tune-precompile")
         return self
 
     def _compile_mine(self) -> None:

@@ -4,6 +4,7 @@ Autotuner.run while a tuner is active, resolver.py attributes a launch to the tu
 to (across threads), timing.py times one slot (CUDA events, CUDA graphs or the host clock) and
 collectives.py is the bounded all-gather/broadcast every rank meets in; buckets.py maps a kernel key
 to its shape bucket, devices.py knows GPU peaks and streams.py notes the streams a re-executed
-function works on (to tell a key that overlaps their work). It is the bottom layer:
+function works on (to tell a key that overlaps their work), and clean_exit.py keeps the package from
+holding the user's process group past destroy_process_group(). It is the bottom layer:
 runtime modules import each other and errors.py only, and every other layer may import them.
 """

@@ -13,9 +13,13 @@ the ranks then share what they found through the collectives, so every rank skip
 A slot that runs past `slot_timeout_s` (a hung kernel) cannot be interrupted; a watchdog thread
 names its kernel, key and config on stderr and ends the process with the note in place, so the
 config is quarantined too, and the other ranks' bounded collectives end instead of waiting on NCCL.
+The watchdog lives from a call's first noted slot to the end of that call (close()), and an atexit
+hook stops any still running (an online session never finished), so none is left for the
+interpreter's finalization.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import math
@@ -48,6 +52,7 @@ class Quarantine:
         self.slot_timeout_s = slot_timeout_s
         self._running: tuple[dict[str, Any], float] | None = None  # the noted slot and its deadline
         self._watchdog: threading.Thread | None = None
+        self._stop_watchdog = threading.Event()
         self.rank = rank
         # One record per process and thread: two tuning calls of one process, in two threads, must not
         # clear each other's record.
@@ -157,8 +162,9 @@ class Quarantine:
 
 
     def close(self) -> None:
-        """At the end of a call: leave no empty folder behind while nothing is quarantined."""
+        """At the end of a call: stop the watchdog, and leave no empty folder behind while nothing is quarantined."""
         self._running = None
+        self.stop_watchdog()
         with contextlib.suppress(OSError):
             self.directory.rmdir()
 
@@ -169,15 +175,30 @@ class Quarantine:
             return
         self._running = (record, time.monotonic() + self.slot_timeout_s)
         if self._watchdog is None:
+            # A daemon, so that a watchdog left running cannot hold up the exit; it ends with the call
+            # (close()) or at the latest in the atexit hook, before the interpreter finalizes.
+            self._stop_watchdog.clear()
             self._watchdog = threading.Thread(target=self._patrol, name="ctx-tune-slot-watchdog", daemon=True)
+            with _watchdogs_lock:
+                _watchdogs.add(self)
             self._watchdog.start()
+
+    def stop_watchdog(self) -> None:
+        """End the watchdog thread and wait for it (at once: it only ever waits on the stop event)."""
+        thread, self._watchdog = self._watchdog, None
+        if thread is None:
+            return
+        self._stop_watchdog.set()
+        if thread is not threading.current_thread():
+            thread.join()
+        with _watchdogs_lock:
+            _watchdogs.discard(self)
 
     def _patrol(self) -> None:
         # A hung kernel blocks the tuning thread inside a launch or a synchronize, where no exception
         # can reach it; this thread can still speak for it, and end the process with the note in place.
         pause = min(1.0, self.slot_timeout_s / 4)
-        while True:
-            time.sleep(pause)
+        while not self._stop_watchdog.wait(pause):
             running = self._running
             if running is not None and time.monotonic() > running[1]:
                 record = running[0]
@@ -185,6 +206,21 @@ class Quarantine:
                 sys.stderr.write(f"[triton_ctx_tune] {type(error).__name__}: {error}\n")
                 sys.stderr.flush()
                 os._exit(124)
+
+
+# Quarantines whose watchdog runs. One whose call never closed (an online session the program did not
+# finish) would otherwise keep its watchdog until the interpreter finalizes, where a daemon thread that
+# wakes is ended inside the runtime instead of returning.
+_watchdogs: set[Quarantine] = set()
+_watchdogs_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_watchdogs() -> None:
+    with _watchdogs_lock:
+        running = list(_watchdogs)
+    for quarantine in running:
+        quarantine.stop_watchdog()
 
 
 def _pid_of(name: str) -> int | None:
