@@ -38,6 +38,7 @@ def run_ranks(world: int, scenarios: list[str], out: Path, deadline_s: float = D
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"ranks still running after {deadline_s} s (a hang):\n{(e.stderr or b'')[-4000:]!r}")
     assert proc.returncode == 0, proc.stderr[-6000:]
+    assert "terminate called" not in proc.stderr, proc.stderr[-6000:]  # no rank aborted at exit
     results = {}
     for name in scenarios:
         results[name] = [json.loads((out / f"{name}.rank{r}.json").read_text()) for r in range(world)]
