@@ -10,6 +10,7 @@ import datetime
 import hashlib
 import json
 import time
+import weakref
 import zlib
 from typing import Any, Callable, Sequence
 
@@ -46,24 +47,36 @@ class _Control:
 
     The tuner's collectives never share a sequence with the user's: a rank that diverged can pair our small
     header with our header only, never with the user's all_reduce (on NCCL that pairing would hang or
-    corrupt), and the payloads are CPU tensors that never touch the user's streams."""
+    corrupt), and the payloads are CPU tensors that never touch the user's streams. Held weakly, as is the
+    default group it was made under: destroy_process_group() must free both, with their gloo threads (a
+    thread still running at interpreter finalization aborts the process; runtime/clean_exit.py)."""
 
-    def __init__(self, group: Any) -> None:
-        self.group = group
+    def __init__(self, group: Any, default: Any) -> None:
+        self._group = weakref.ref(group)
+        self._default = weakref.ref(default)
         self.seq = 0  # collectives issued on it by this process
         self.calls = 0  # Collectives objects (one per tuning call) that issued one
 
+    @property
+    def group(self) -> Any:
+        group = self._group()
+        if group is None:
+            raise NoProcessGroupError("the tuning call")  # destroy_process_group() ran while it was tuning
+        return group
 
-_controls: dict[tuple[int, tuple[int, ...]], tuple[Any, _Control]] = {}
+    def serves(self, default: Any) -> bool:
+        return self._default() is default and self._group() is not None
+
+
+_controls: dict[tuple[int, ...], _Control] = {}
 
 
 def _control_for(d: Any, group: Any, timeout_s: float, rank: int) -> _Control:
     ranks = tuple(d.get_process_group_ranks(group)) if group is not None else tuple(range(d.get_world_size()))
     default = d.distributed_c10d._get_default_group()
-    key = (id(default), ranks)
-    held = _controls.get(key)
-    if held is not None and held[0] is default:  # (a re-initialised default group gets a new control group)
-        return held[1]
+    held = _controls.get(ranks)
+    if held is not None and held.serves(default):  # (a re-initialised default group gets a new control group)
+        return held
     # Only the group's ranks take part (use_local_synchronization): a subgroup's outsiders never call the tuner.
     # Bounded like any collective of the tuner: a rank that never tunes never joins.
     start = time.monotonic()
@@ -74,20 +87,19 @@ def _control_for(d: Any, group: Any, timeout_s: float, rank: int) -> _Control:
         if time.monotonic() - start < timeout_s * 0.9:
             raise
         raise CollectiveTimeoutError("create the tuner's process group", timeout_s, rank, len(ranks)) from e
-    control = _Control(made)
     if not _controls:
         atexit.register(_release_controls)
-    _controls[key] = (default, control)
+    _controls[ranks] = control = _Control(made, default)
     return control
 
 
 def _release_controls() -> None:
     """At exit, before the interpreter finalizes: destroy the groups the tuner made (and the threads gloo
-    runs for them) while Python still runs, unless the user's destroy_process_group() already did."""
+    runs for them) while Python still runs, when the program did not call destroy_process_group()."""
     d = _dist()
-    for default, control in list(_controls.values()):
+    for control in list(_controls.values()):
         try:
-            if d is not None and d.distributed_c10d._get_default_group() is default:
+            if d is not None and control.serves(d.distributed_c10d._get_default_group()):
                 d.destroy_process_group(control.group)
         except Exception:  # noqa: BLE001 (exit: a group torch already tore down has nothing left to release)
             pass
