@@ -109,7 +109,7 @@ class FunctionAutotuner(ContextualAutotuner[R]):
                                      "a space that keeps at least one point for these arguments (check prune_fn)")
         return list(space)
 
-    def _call(self, *args: Any, autotune: bool = True, autotune_verbose: bool = False,  # type: ignore[override]
+    def _call(self, *args: Any, autotune: bool = True, autotune_verbose: bool = False,
               autotune_allow_arg_overwrite: bool = False, autotune_pg: Any = None, **kwargs: Any) -> R:
         if autotune is not True or autotune_verbose is not False or autotune_allow_arg_overwrite is not False \
                 or autotune_pg is not None:  # the plain call pays one comparison per switch, nothing more

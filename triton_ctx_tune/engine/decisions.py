@@ -18,7 +18,7 @@ import torch
 from ..runtime.compat import config_str, notify_listener
 from ..errors import NoValidConfigError, NoValidPointError
 from ..tools.logs import fmt_ms
-from .search import PointTunable
+from .search import AnyTunable, PointTunable
 from .state import CONFIRM_ROUNDS, Choice, KeyState, Tunable, close_candidates, screen, stable_winner
 
 # How rank 0's keep-mask marks a winner that a tie-break chose (1: the fastest, or a screening survivor).
@@ -49,7 +49,7 @@ class Decisions:
     def __init__(self, services: StepServices) -> None:
         self.services = services
 
-    def decide(self, finishing: list[Tunable]) -> None:
+    def decide(self, finishing: list[AnyTunable]) -> None:
         svc = self.services
         width = max(len(s.configs) for s in finishing)
         local = torch.full((len(finishing), width, 3), math.inf, dtype=torch.float64)
@@ -200,8 +200,8 @@ class Decisions:
         pts.tuning_s = time.perf_counter() - pts.started
         kernels = svc.search.of_point(winner)
         for s in kernels:
-            if s.decided:  # other points may have put their own winners of the same key there
-                s.autotuner.cache[s.key] = s.configs[s.winner]  # type: ignore[index]
+            if s.winner is not None:  # decided: other points may have put their own winners of the same key there
+                s.autotuner.cache[s.key] = s.configs[s.winner]
             elif s.held is not None:
                 s.resume()
         svc.stats.point = dict(pts.configs[winner])
@@ -290,7 +290,7 @@ class Decisions:
         return {"incremental": {"new": new, "anchors": anchors, "carried": carried, "carried_failed": failed,
                                 "removed": p.removed, "scale": s.scale}}
 
-    def _raise_no_valid_config(self, finishing: list[Tunable], i: int) -> None:
+    def _raise_no_valid_config(self, finishing: list[AnyTunable], i: int) -> None:
         svc = self.services
         # Every rank reaches this with the same broadcast winners, so the extra gather is safe.
         mine = {str(i): {str(c): r for c, r in s.failures.items()} for i, s in enumerate(finishing)}

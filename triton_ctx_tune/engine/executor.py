@@ -22,6 +22,7 @@ from ..runtime.compat import (Autotuner, compile_only, config_failure_reason, co
                               launch_config, prune_configs, reset_before_final_launch, restores, tuning_key)
 from ..runtime.buckets import key_by_name, nearest
 from ..runtime.patch import original_run
+from ..runtime.timing import CudaGraphTimer
 from ..store.cache import Lookup, entry_id, identity
 from ..store.incremental import CARRIED_FAILURE
 from ..tools.logs import fmt_ms
@@ -120,8 +121,8 @@ class Executor:
             if lookup is not None:
                 self.misses[id(state)] = lookup
         self.launched.add(id(state))
-        if state.decided:
-            best = state.configs[state.winner]  # type: ignore[index]
+        if state.winner is not None:  # decided
+            best = state.configs[state.winner]
             if state.reset_pending and self.final:
                 state.reset_pending = False
                 reset_before_final_launch(at, best, args, kwargs)
@@ -322,18 +323,19 @@ class Executor:
         elif slot is not None:
             if slot.timed and not state.overlapped:  # no stream is ever noted without CUDA: then always False
                 state.overlapped = self.services.overlapping()
-            replay = slot.timed and self.services.timer.kind == "cuda-graph"
-            token = self.services.timer.start(flush=True) if slot.timed and not replay else None
+            timer = self.services.timer
+            graph = timer if slot.timed and isinstance(timer, CudaGraphTimer) else None  # it times replays
+            token = timer.start(flush=True) if slot.timed and graph is None else None
             config = state.configs[slot.config]
 
-            def launch() -> tuple[Any, Any]:  # the end event is recorded before any synchronize
+            def launch() -> tuple[Any, Callable[[], float] | None]:  # the end event is recorded before any synchronize
                 out = self._run_config(state.autotuner, config, args, kwargs)
-                return out, self.services.timer.stop(token) if token is not None else None
+                return out, timer.stop(token) if token is not None else None
 
             ok, out = self._launch_noted(state, slot.config, launch)
             result, stop = out if ok else (None, None)
-            if ok and replay:
-                ok, out = self._try(state, slot.config, lambda: self.services.timer.measure(  # type: ignore[union-attr]
+            if ok and graph is not None:
+                ok, out = self._try(state, slot.config, lambda: graph.measure(
                     lambda a: launch_config(state.autotuner, config, a, kwargs), args))
             if not ok:
                 record.failure = out
@@ -341,8 +343,10 @@ class Executor:
                 state.works.add(slot.config)
                 record.ran = slot.config
                 if slot.timed:
-                    record.sample = out if replay else stop
-                    state.samples[slot.config].append(record.sample)
+                    sample = out if graph is not None else stop
+                    assert sample is not None  # timed and not replayed: launch() stopped the span it started
+                    record.sample = sample
+                    state.samples[slot.config].append(sample)
                 return result
         return self._fallback(state, record, args, kwargs)
 

@@ -111,6 +111,7 @@ class Collectives:
         self.function = ""  # the tuned function's name: ranks in different functions' calls differ at once
         self.on_header: Callable[[dict[str, Any]], None] | None = None
         self.device = torch.device("cpu")
+        self._control: _Control | None = None
         if self.dist is None:
             self.rank, self.world, self.global_rank = 0, 1, 0
             return
@@ -118,7 +119,6 @@ class Collectives:
         self.rank = d.get_rank(group)
         self.world = d.get_world_size(group)
         self.global_rank = d.get_rank()
-        self._control: _Control | None = None
 
     @property
     def active(self) -> bool:
@@ -128,9 +128,14 @@ class Collectives:
         """Where the schedule is: the headers of the collectives that follow name it."""
         self.step, self.doing = step, doing
 
+    def _d(self) -> Any:
+        """torch.distributed, for what runs only when active (so with a process group)."""
+        assert self.dist is not None
+        return self.dist
+
     def _ctl(self) -> _Control:
         if self._control is None:
-            self._control = _control_for(self.dist, self.group, self.timeout_s, self.global_rank)
+            self._control = _control_for(self._d(), self.group, self.timeout_s, self.global_rank)
         return self._control
 
     def _group(self) -> Any:
@@ -150,7 +155,7 @@ class Collectives:
     def _raw_gather(self, t: torch.Tensor, what: str, timeout_s: float | None = None) -> torch.Tensor:
         t = t.contiguous()
         out = [torch.empty_like(t) for _ in range(self.world)]
-        self._wait(self.dist.all_gather(out, t, group=self._group(), async_op=True), what, timeout_s)
+        self._wait(self._d().all_gather(out, t, group=self._group(), async_op=True), what, timeout_s)
         return torch.stack(out)
 
     def _raw_gather_bytes(self, data: bytes, what: str) -> list[bytes]:
@@ -223,8 +228,9 @@ class Collectives:
         rows = self._guard("broadcast", what, t)
         if rows is not None:
             return rows[0].clone()  # (a small payload: every rank's rode in the header's gather; rank 0's counts)
-        root = self.dist.get_global_rank(self._group(), 0)
-        self._wait(self.dist.broadcast(t, src=root, group=self._group(), async_op=True), what)
+        d = self._d()
+        root = d.get_global_rank(self._group(), 0)
+        self._wait(d.broadcast(t, src=root, group=self._group(), async_op=True), what)
         return t
 
     def all_gather_bytes(self, data: bytes, what: str) -> list[bytes]:

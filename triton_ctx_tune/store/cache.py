@@ -219,7 +219,7 @@ def only_configs_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
 
 
 def _code_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    def by_name(code: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    def by_name(code: dict[str, Any]) -> dict[str | None, dict[str, Any]]:  # (None: an old entry's unnamed one)
         return {f.get("name"): f for f in code.get("functions") or [] if isinstance(f, dict)}
 
     before, after = by_name(old), by_name(new)
@@ -501,10 +501,10 @@ def closest_stale(candidates: Sequence[tuple[Path, dict[str, Any]]], ident: dict
     if not found:
         return None
     # Fewest changes, then one whose timings carry over, then the newest.
-    _, closest, reasons, won_config, old = min(found, key=lambda f: (len(f[2]), f[4] is None, f[0]))
+    _, closest, reasons, won_config, timed = min(found, key=lambda f: (len(f[2]), f[4] is None, f[0]))
     incremental = None
-    if old is not None and configs is not None:
-        incremental = plan(old["timings"], won_config, [config_str(c) for c in configs], ident["world"])
+    if timed is not None and configs is not None:
+        incremental = plan(timed["timings"], won_config, [config_str(c) for c in configs], ident["world"])
     return Stale(closest, reasons, len(found) - 1, won_config, source, incremental)
 
 

@@ -117,10 +117,10 @@ class RankLog:
         return self.dir / f"rank-{self.rank}.log", self.dir / f"rank-{self.rank}.jsonl"
 
     def _open(self) -> None:
-        if self._text is not None or self.dir is None:
+        if self._text is not None or (paths := self.paths) is None:
             return
-        self.dir.mkdir(parents=True, exist_ok=True)
-        text, jsonl = self.paths  # type: ignore[misc]
+        text, jsonl = paths
+        text.parent.mkdir(parents=True, exist_ok=True)
         self._text = open(text, "a", encoding="utf-8")
         self._jsonl = open(jsonl, "a", encoding="utf-8")
 
