@@ -30,9 +30,10 @@ import os
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ARMS = ("ours", "ours_e2e", "ours_per_kernel", "tdist", "gemm_alone", "exhaustive")
 UNAVAILABLE_OURS = "unavailable (triton_ctx_tune.autotune missing)"

@@ -20,17 +20,18 @@ import argparse
 import importlib.util
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks import benchlib  # noqa: E402
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
+
+from benchmarks import benchlib  # noqa: E402
 
 PRISTINE_RUN = Autotuner.__dict__["run"]
 

@@ -13,14 +13,15 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from benchlib import (Ranks, geomean, host_do_bench, interpreting, iqr, kernel_ms, median, op_ms, rel_fro, timed)
+from benchlib import Ranks, geomean, host_do_bench, interpreting, iqr, kernel_ms, median, op_ms, rel_fro, timed
 from mlp_ops import KernelSet, Op, config_index, config_text, make_inputs, named_default, reference, tolerance
 from triton_ctx_tune import contextual_autotune
 

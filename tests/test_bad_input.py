@@ -6,21 +6,35 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
 
 from tests import kernels as K
 from tests.kernels import DEVICE, grid
-from triton_ctx_tune import (InvalidOptionError, NoValidConfigError, autotune, carry, contextual_autotune,
-                             start_compile_workers)
-from triton_ctx_tune.runtime.compat import Autotuner
-from triton_ctx_tune.errors import (CacheError, CtxTuneError, NoProcessGroupError, NothingToValidateError,
-                                    NoValidPointError, UnknownOptionError, UserHookError)
+from triton_ctx_tune import (
+    InvalidOptionError,
+    NoValidConfigError,
+    autotune,
+    carry,
+    contextual_autotune,
+    start_compile_workers,
+)
+from triton_ctx_tune.errors import (
+    CacheError,
+    CtxTuneError,
+    NoProcessGroupError,
+    NothingToValidateError,
+    NoValidPointError,
+    UnknownOptionError,
+    UserHookError,
+)
 from triton_ctx_tune.options import ENVIRONMENT, TuneOptions
+from triton_ctx_tune.runtime.compat import Autotuner
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = ["is_dist", "n_repeat", "n_warmup", "group", "reduce", "stat", "flush_l2", "log_dir", "quiet", "timeout_s",
@@ -565,8 +579,8 @@ def _files(root: Path) -> dict[str, bytes | None]:
 
 
 def _process_state() -> tuple:
-    from triton_ctx_tune.runtime import patch, resolver
     from triton_ctx_tune.compile.compile_workers import started_workers
+    from triton_ctx_tune.runtime import patch, resolver
 
     return (Autotuner.__dict__["run"], patch.resident, patch.installs(), resolver.current(), set(resolver.open_calls),
             {name: K.chosen(k) for name, k in (("double_", K.double_), ("add_one_", K.add_one_))}, started_workers())

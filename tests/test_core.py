@@ -5,8 +5,8 @@ import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
@@ -17,8 +17,7 @@ from triton.runtime.errors import InterpreterError
 
 from tests import kernels as K
 from tests.kernels import DEVICE, autotuner, chosen, grid
-from triton_ctx_tune import (CtxTuneError, InvalidOptionError, NoValidConfigError, autotuner_patch,
-                             contextual_autotune)
+from triton_ctx_tune import CtxTuneError, InvalidOptionError, NoValidConfigError, autotuner_patch, contextual_autotune
 from triton_ctx_tune.runtime import patch as ctx_patch
 from triton_ctx_tune.runtime import resolver
 from triton_ctx_tune.runtime.compat import interpret_mode, interpreter_numpy_note
@@ -609,8 +608,8 @@ def test_numpy_note_only_for_the_versions_that_have_the_bug():
 
 
 def test_the_fast_tuning_key_is_tritons_key_for_every_way_of_passing_arguments():
-    from triton_ctx_tune.runtime.compat import triton_key, tuning_key
     from tests.kernels import scale_copy
+    from triton_ctx_tune.runtime.compat import triton_key, tuning_key
 
     at = autotuner(scale_copy)
     src, dst = torch.ones(8, device=DEVICE), torch.ones(8, device=DEVICE, dtype=torch.float16)

@@ -13,8 +13,9 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,7 +26,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
 from mlp_kernels import matmul, matmul_kernel  # noqa: E402
-
 from tests.dist_worker import main  # noqa: E402
 from triton_ctx_tune import contextual_autotune  # noqa: E402
 

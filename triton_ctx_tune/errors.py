@@ -1,7 +1,8 @@
 """Error classes. Each message says what went wrong and how to fix it."""
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 

@@ -17,20 +17,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
-from .store import function_cache
-from .runtime import patch, resolver
 from .engine.call import Call
-from .runtime.compat import Autotuner, config_str
-from .runtime.collectives import require_process_group
-from .errors import InvalidOptionError, call_hook
-from .options import TuneOptions
 from .engine.search import PointTunable
 from .engine.session import CallStats, Session
+from .errors import InvalidOptionError, call_hook
+from .options import TuneOptions
+from .runtime import patch, resolver
+from .runtime.collectives import require_process_group
+from .runtime.compat import Autotuner, config_str
+from .store import function_cache
 from .tuner import ContextualAutotuner
 
 R = TypeVar("R")

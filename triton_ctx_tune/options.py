@@ -4,15 +4,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from .store.cache import resolve_dir
-from .runtime.buckets import Buckets, Rule
-from .store.shipped import ENV as CONFIG_PATH_ENV, ShippedConfigs, is_path_value
 # compile_workers owns its variable's parsing; options only reads it (imports run this way only).
 from .compile.compile_workers import default_workers, env_compile_workers, started_workers
 from .errors import InvalidOptionError, UnknownOptionError
+from .runtime.buckets import Buckets, Rule
+from .store.cache import resolve_dir
+from .store.shipped import ENV as CONFIG_PATH_ENV
+from .store.shipped import ShippedConfigs, is_path_value
 from .tools.logs import DEFAULT_LOG_DIR
 
 REDUCTIONS = ("max", "mean")

@@ -15,20 +15,20 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
 from .errors import InvalidOptionError, UserHookError, call_hook
+from .options import TuneOptions
 from .runtime.collectives import Collectives
 from .runtime.compat import interpret_mode
 from .runtime.devices import peak
-from .store.cache import read_entry, write_entry, CacheEntryError
-from .options import TuneOptions
+from .store.cache import CacheEntryError, read_entry, write_entry
 from .tools.logs import RankLog, ahead_table
-
 
 
 class ContextualAutotuner(Protocol):

@@ -32,8 +32,9 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from run_clients import CLIENT_MODULES, ROOT, job_meta, run_arm, run_specs, setup_paths
 

@@ -39,9 +39,15 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ..runtime.compat import (LaunchSpec, compile_described, compile_target, config_failure_reason, prime_compiler_hash,
-                     use_compile_only_driver)
 from ..errors import InvalidOptionError
+from ..runtime.compat import (
+    LaunchSpec,
+    compile_described,
+    compile_target,
+    config_failure_reason,
+    prime_compiler_hash,
+    use_compile_only_driver,
+)
 
 # Seconds a new worker may take to import torch, triton and this package before it is given up on.
 BOOT_TIMEOUT_S = 300.0

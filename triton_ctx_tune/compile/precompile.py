@@ -39,16 +39,25 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
-from ..runtime.collectives import Collectives
-from ..runtime.compat import (compile_only, config_failure_reason, describe_compile, interpret_mode, kernel_modules, load_binary,
-                     prime_compiler_hash, prime_interpreter)
-from .compile_workers import WorkerPool, get_pool
 from ..engine.state import KeyState
+from ..runtime.collectives import Collectives
+from ..runtime.compat import (
+    compile_only,
+    config_failure_reason,
+    describe_compile,
+    interpret_mode,
+    kernel_modules,
+    load_binary,
+    prime_compiler_hash,
+    prime_interpreter,
+)
+from .compile_workers import WorkerPool, get_pool
 
 # A thread that hands its config to a worker waits this much longer than compile_timeout_s, so that
 # a compile that hangs in the worker is ended by the worker's own limit, which kills it.

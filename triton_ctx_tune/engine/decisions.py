@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..runtime.compat import config_str, notify_listener
 from ..errors import NoValidConfigError, NoValidPointError
+from ..runtime.compat import config_str, notify_listener
 from ..tools.logs import fmt_ms
 from .search import AnyTunable, PointTunable
 from .state import CONFIRM_ROUNDS, Choice, KeyState, Tunable, close_candidates, screen, stable_winner

@@ -12,15 +12,27 @@ from __future__ import annotations
 import ast
 import contextlib
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..compile import precompile
 from ..errors import CollectiveTimeoutError, EmptyConfigSpaceError
-from ..runtime.compat import (Autotuner, compile_only, config_failure_reason, config_str, kernel_name, launch_cached,
-                              launch_config, prune_configs, reset_before_final_launch, restores, tuning_key)
 from ..runtime.buckets import key_by_name, nearest
+from ..runtime.compat import (
+    Autotuner,
+    compile_only,
+    config_failure_reason,
+    config_str,
+    kernel_name,
+    launch_cached,
+    launch_config,
+    prune_configs,
+    reset_before_final_launch,
+    restores,
+    tuning_key,
+)
 from ..runtime.patch import original_run
 from ..runtime.timing import CudaGraphTimer
 from ..store.cache import Lookup, entry_id, identity

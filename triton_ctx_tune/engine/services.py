@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -23,8 +24,8 @@ from ..tools.logs import RankLog
 from .progress import Progress
 
 if TYPE_CHECKING:
-    from ..store.cache import Lookup
     from ..options import TuneOptions
+    from ..store.cache import Lookup
     from .search import Assignment, Search
     from .state import KeyState
 

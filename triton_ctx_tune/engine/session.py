@@ -11,18 +11,18 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from ..errors import (CollectiveTimeoutError, CtxTuneError, NoValidPointError, RankMismatchError,
-                      ScheduleMismatchError)
+from ..errors import CollectiveTimeoutError, CtxTuneError, NoValidPointError, RankMismatchError, ScheduleMismatchError
 from ..options import TuneOptions
 from ..runtime.collectives import Collectives
 from ..tools.logs import RankLog, fmt_ms
+from . import schedule
 from .decisions import Decisions, TunedKey, plain_point
 from .executor import Executor
 from .progress import steps_left
-from . import schedule
 from .schedule import StepEnd, StepReport
 from .search import Assignment, PointTunable, Search
 from .services import CallServices, StepServices

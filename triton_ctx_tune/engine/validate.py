@@ -12,14 +12,15 @@ session's side: what each step checked, the verdict shared by every rank, and th
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..errors import NothingToValidateError, call_hook
 from ..runtime.compat import config_str
 from .decisions import plain_point
-from ..errors import NothingToValidateError, call_hook
 
 if TYPE_CHECKING:
     from .search import Assignment

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Any, Callable, Iterable, Mapping, Sequence, Union
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..errors import InvalidOptionError
 
-Rule = Union[str, Sequence[int], Callable[[int], int]]
+Rule = str | Sequence[int] | Callable[[int], int]
 RULE_NAMES = ("pow2",)
 _FIX = ('a dict mapping a key dimension\'s name to "pow2", a sorted list of ints (bucket edges), or a callable '
         'value -> bucket value, e.g. buckets={"M": "pow2"}')

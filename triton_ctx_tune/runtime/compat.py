@@ -12,9 +12,10 @@ import re
 import sys
 import textwrap
 import traceback
-from dataclasses import dataclass
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import triton

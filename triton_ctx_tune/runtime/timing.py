@@ -9,7 +9,8 @@ takes when deployed under CUDA graphs, without the host's launch overhead.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 

@@ -37,13 +37,15 @@ import re
 import socket
 import tempfile
 import warnings
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
 from .. import __version__
+from ..errors import CacheWarning, RankMismatchError
 from ..runtime.collectives import Collectives
 from ..runtime.compat import (
     TRITON_VERSION,
@@ -58,7 +60,6 @@ from ..runtime.compat import (
     jit_function,
     kernel_name,
 )
-from ..errors import CacheWarning, RankMismatchError
 from .fingerprint import callable_digest, kernel_code
 from .incremental import Plan, plan
 

@@ -19,7 +19,8 @@ import builtins
 import functools
 import hashlib
 import types
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from ..runtime.compat import aggregate_members, constexpr_value, is_triton_builtin, jit_info
 

@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from ..runtime.collectives import Collectives
 from ..errors import CacheWarning, SlotHangError
+from ..runtime.collectives import Collectives
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,10 @@ import os
 import re
 import threading
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Union
 
 from ..errors import CacheWarning
 from .cache import EXPORT_FORMAT, entry_id, entry_problem

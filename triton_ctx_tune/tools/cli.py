@@ -7,14 +7,15 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
+from ..errors import CacheError, CtxTuneError
 from ..store import cache as C
 from ..store import function_cache as FC
 from ..store.shipped import safe_name, ship_filename
 from . import report as R
-from ..errors import CacheError, CtxTuneError
 from .logs import DEFAULT_LOG_DIR
 
 _DESCRIPTION = "Inspect what triton_ctx_tune chose and why, and manage its persistent tuning cache."

@@ -11,9 +11,10 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterable
+from typing import IO, Any
 
 from .. import __version__
 from ..runtime.compat import TRITON_VERSION, print_autotuning

@@ -17,9 +17,10 @@ import math
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import CtxTuneError, MissingDependencyError
 from .logs import EVENTS, ahead_table
