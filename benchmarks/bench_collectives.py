@@ -250,7 +250,7 @@ def launch(world: int, args: argparse.Namespace) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its ranks share its session
             proc.wait()
-            raise SystemExit(f"{world} ranks: still running after {args.deadline} s, killed")
+            raise SystemExit(f"{world} ranks: still running after {args.deadline} s, killed") from None
     if rc != 0:
         raise SystemExit(f"{world} ranks: torchrun exited with {rc}; see stdout-{world}ranks.txt")
 

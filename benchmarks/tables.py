@@ -467,7 +467,7 @@ def table_quality(b: Bench) -> TableResult:
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             picks = variants[name]
-            rounds[name].append(max(ranks.gather(op_ms(ranks, lambda: op(fixed=picks), args.op_iters, 2))))
+            rounds[name].append(max(ranks.gather(op_ms(ranks, lambda picks=picks: op(fixed=picks), args.op_iters, 2))))
     ratios = {n: [a / e for a, e in zip(rounds[n], rounds["exhaustive"])] for n in names if n != "exhaustive"}
     s["op_ms_exhaustive"] = median(rounds["exhaustive"])
     s["op_ms_chosen"] = median(rounds["chosen"])

@@ -574,7 +574,7 @@ def _worker(fd: int) -> None:
             try:
                 compile_described(spec)
                 reply: tuple[str, str] = ("ok", "")
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 (whatever failed, the worker reports it and takes the next)
                 reason = config_failure_reason(e)
                 reply = ("failure", reason) if reason is not None else ("error", f"{type(e).__name__}: {e}")
             conn.send(reply)

@@ -305,7 +305,7 @@ def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int, 
                 started[i] = time.monotonic()
             try:
                 outcome: tuple[bool, Any] = (True, work(i))
-            except BaseException as e:  # handed to the waiting thread, which re-raises it
+            except BaseException as e:  # noqa: BLE001 (handed to the waiting thread, which re-raises it)
                 outcome = (False, e)
             release()
             with lock:
@@ -393,7 +393,7 @@ class Precompiling:
         try:
             self._outcome = _compile(self.state, self.mine, self.args, self.kwargs, self.threads, self.timeout_s,
                                      self.pool, self.device, load=False, on_ready=self._on_ready)
-        except BaseException as e:  # re-raised by finish(), on the thread that owns the call
+        except BaseException as e:  # noqa: BLE001 (re-raised by finish(), on the thread that owns the call)
             self._error = e
         finally:
             with self._cond:

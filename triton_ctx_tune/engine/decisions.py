@@ -84,7 +84,7 @@ class Decisions:
                 else:
                     keep[i, choice.winner] = TIE_CODES[choice.tie_break]
         keep = svc.comm.broadcast_from_root(keep, "broadcast decisions")
-        for i, s in enumerate(finishing):
+        for i in range(len(finishing)):
             if not bool(keep[i].any()):
                 self._raise_no_valid_config(finishing, i)
         hold = svc.search.hold_screened_kernels()
