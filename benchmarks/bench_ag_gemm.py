@@ -358,7 +358,9 @@ def arm_exhaustive(ctx: Ctx, gemm: Any) -> ArmRun:
 ARM_FUNCS: dict[str, Callable[[Ctx, Any], ArmRun]] = {
     # ours_e2e: the GEMM's configs judged by whole executions too (objective="end_to_end"), as the README
     # advises for kernels that overlap communication: its chunks run while the next all-gather does.
-    "ours": arm_ours, "ours_e2e": functools.partial(arm_ours, objective="end_to_end"), "ours_per_kernel": arm_ours_per_kernel, "tdist": arm_tdist, "gemm_alone": arm_gemm_alone,
+    "ours": arm_ours, "ours_e2e": functools.partial(arm_ours, objective="end_to_end"),
+                                                      "ours_per_kernel": arm_ours_per_kernel, "tdist": arm_tdist,
+                                                      "gemm_alone": arm_gemm_alone,
     "exhaustive": arm_exhaustive}
 
 

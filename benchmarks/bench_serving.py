@@ -47,7 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--small", action="store_true", help="tiny shapes and few requests, for CPU smoke runs")
     p.add_argument("--requests", type=int, help="requests per arm (default 200; --small 12)")
     p.add_argument("--warm-M", type=int, help="the 'ours' arm's warm-up size (default 512; --small 8)")
-    p.add_argument("--arms", default="fixed,fixed-autotuner,vanilla,ours,ahead", help="comma-separated subset of the arms")
+    p.add_argument("--arms", default="fixed,fixed-autotuner,vanilla,ours,ahead",
+                   help="comma-separated subset of the arms")
     p.add_argument("--no-extras", action="store_true", help="skip the per-M tune-ahead, loss and spread parts")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)

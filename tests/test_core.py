@@ -295,7 +295,8 @@ def test_threads_tune_independently_and_plain_launches_are_not_captured(serializ
     assert_call_closed()
 
 
-@pytest.mark.parametrize("kernel", [K.heur_inner_add_one_, K.heur_outer_add_], ids=["autotune-outside", "heuristics-outside"])
+@pytest.mark.parametrize("kernel", [K.heur_inner_add_one_, K.heur_outer_add_], ids=["autotune-outside",
+                                                                                    "heuristics-outside"])
 def test_heuristics_stacked_either_way(kernel):
     @contextual_autotune(**FAST)
     def op(x: torch.Tensor):
@@ -526,7 +527,8 @@ def test_early_stopping_screens_then_measures_the_survivors(tmp_path, precompile
     assert screen["kept"] == [0, 1] and screen["factor"] == 1.5
     (decision,) = [e for e in events if e["event"] == "decision"]
     assert decision["screened_out"] == [2] and decision["winner"] == 0
-    timed = {i: sum(1 for e in events if e["event"] == "slot" and e["config_index"] == i and e["timed"]) for i in range(3)}
+    timed = {i: sum(1 for e in events if e["event"] == "slot" and e["config_index"] == i and e["timed"])
+             for i in range(3)}
     assert timed == {0: 3, 1: 3, 2: 1}
     assert [e["event"] for e in events].count("precompile") == (1 if precompile else 0)
 

@@ -254,7 +254,8 @@ def _check_points(points: Any, what: str) -> list[dict[str, Any]]:
     except TypeError:  # not iterable at all (a number, None)
         listed = None
     if listed is None or not all(isinstance(p, dict) and all(isinstance(k, str) for k in p) for p in listed):
-        raise InvalidOptionError(what, points if listed is None else listed, "a list of dicts mapping keyword-argument names to values, "
+        raise InvalidOptionError(what, points if listed is None else listed,
+                                 "a list of dicts mapping keyword-argument names to values, "
                                  "e.g. [{'chunks': 2}, {'chunks': 4}]")
     return listed
 

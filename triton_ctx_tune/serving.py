@@ -54,7 +54,8 @@ class AheadRow:
     call_ms: float | None  # median warm call, synchronized
     tflops: float | None = None
     gbps: float | None = None
-    peak_fraction: float | None = None  # of the device's dense bf16 TFLOP/s or its memory bandwidth, whichever is nearer
+    # of the device's dense bf16 TFLOP/s or its memory bandwidth, whichever is nearer
+    peak_fraction: float | None = None
 
 
 Inputs = tuple[tuple, dict[str, Any]]
@@ -154,7 +155,8 @@ def check_inputs(size: int, args: tuple, kwargs: dict[str, Any]) -> None:
         if isinstance(value, int) and not isinstance(value, bool) and value == size:
             return
     raise UserHookError("inputs_for", f"built inputs for size {size} with no tensor dimension and no int argument "
-                        f"equal to {size} (shapes: {[tuple(v.shape) for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]})",
+                        f"equal to {size} (shapes: "
+                        f"{[tuple(v.shape) for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]})",
                         "make inputs_for(size) build the call's inputs for that size, e.g. "
                         "lambda M: (torch.randn(M, 4096, device='cuda'),)")
 

@@ -246,8 +246,10 @@ class Decisions:
         tie = "" if choice is None or how is None else (
             f"; tie-break ({how}) among configs {choice.ties} within {choice.band:.1%} of the fastest, "
             f"config#{choice.fastest} {fmt_ms(float(reduced[choice.fastest, 0]))}")
-        svc.log.write("decision", f"decision kernel={s.kernel} key={s.key!r} winner=config#{winner} {{{config_str(best)}}} "
-                      f"{fmt_ms(ms)} ({svc.opts.stat}, {over}){tie}; reduced=[{', '.join(f'{t:.4f}' for t in reduced[:, 0].tolist())}]",
+        svc.log.write("decision",
+                      f"decision kernel={s.kernel} key={s.key!r} winner=config#{winner} {{{config_str(best)}}} "
+                      f"{fmt_ms(ms)} ({svc.opts.stat}, {over}){tie}; "
+                      f"reduced=[{', '.join(f'{t:.4f}' for t in reduced[:, 0].tolist())}]",
                       kernel=s.kernel, key=list(s.key), point=s.point, end_to_end=s.end_to_end,
                       winner=winner, winner_config=config_str(best),
                       configs=[config_str(c) for c in s.configs], reduced=reduced[:, 0].tolist(),

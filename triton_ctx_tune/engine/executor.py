@@ -118,7 +118,8 @@ class Executor:
             if pinned is not None:
                 return self._known(at, pinned, args, kwargs)
             in_space = self.search.points is not None
-            lookup = self.services.cache.lookup(at, key, configs) if self.services.cache is not None and not in_space else None
+            lookup = (self.services.cache.lookup(at, key, configs)
+                      if self.services.cache is not None and not in_space else None)
             if lookup is not None and lookup.hit:
                 self._cache_hit(at, key, configs, lookup)
                 return self._known(at, at.cache[key], args, kwargs)
@@ -206,14 +207,15 @@ class Executor:
         entry = lookup.entry  # only the rank that read it (rank 0) has it; the others log the winner alone
         ms = entry["timings"][lookup.winner]["ms"] if entry else None
         date = entry["tuned"]["date"] if entry else "earlier"
-        self.services.log.write("cache-hit", f"cache-hit kernel={kernel_name(at)} key={key!r} winner=config#{lookup.winner} "
+        self.services.log.write("cache-hit",
+                                f"cache-hit kernel={kernel_name(at)} key={key!r} winner=config#{lookup.winner} "
                        f"{{{config_str(best)}}} {fmt_ms(ms)} from {lookup.where}",
                        kernel=kernel_name(at), key=list(key), winner=lookup.winner, winner_config=config_str(best),
                        configs=[config_str(c) for c in configs], path=str(lookup.path), id=lookup.id,
                        entry=entry, source=lookup.source)
         self.services.progress.clear()
-        self.services.log.summary(f"{self.services.function}: {kernel_name(at)} key={key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
-                         f"(from the tuning cache, tuned {date})")
+        self.services.log.summary(f"{self.services.function}: {kernel_name(at)} key={key!r} -> {{{config_str(best)}}} "
+                                  f"{fmt_ms(ms)} (from the tuning cache, tuned {date})")
 
     def _frozen(self, at: Autotuner, key: tuple, configs: list, lookup: Lookup | None) -> Any:
         """freeze: a key with no tuned result runs the winner of the nearest tuned key of its kernel, else
@@ -235,7 +237,8 @@ class Executor:
         best = configs[index]
         at.cache[key] = best  # once per key and process: the miss is logged once
         self.stats.frozen.append((kernel_name(at), key))
-        source = f"the winner of the nearest tuned key {near_text}" if near_text else "the first config (no tuned key near it)"
+        source = (f"the winner of the nearest tuned key {near_text}" if near_text else
+                  "the first config (no tuned key near it)")
         fix = ("tune it: run a call with this shape with freeze off (TRITON_CTX_TUNE_FREEZE=0), or add the shape "
                "to tune_ahead's sizes")
         self.services.ensure_header()
@@ -255,7 +258,8 @@ class Executor:
         comm = self.services.comm
         # Split screening needs launches timed alone (a whole step's time would mix the ranks' configs
         # through their collectives) and no function-level space (its points hold kernels' survivors).
-        split = self.opts.resolved_split_screening() and comm.active and not end_to_end and self.assignment.point is None
+        split = (self.opts.resolved_split_screening() and comm.active and not end_to_end
+                 and self.assignment.point is None)
         state = KeyState(autotuner=at, key=key, configs=configs, n_warmup=self.opts.n_warmup,
                          n_repeat=self.opts.n_repeat, kernel=kernel_name(at), early_stop=self.services.early_stop,
                          point=self.assignment.point, end_to_end=end_to_end,
@@ -323,8 +327,9 @@ class Executor:
                            f"{sorted(skipped)}: they killed a process while they ran", kernel=state.kernel,
                            key=list(state.key), configs={str(i): r for i, r in skipped.items()})
             self.services.progress.clear()
-            self.services.log.summary(f"{self.services.function}: {state.kernel} key={state.key!r}: skipping quarantined configs "
-                             + "; ".join(f"#{i} ({r})" for i, r in sorted(skipped.items())))
+            self.services.log.summary(f"{self.services.function}: {state.kernel} key={state.key!r}: skipping "
+                                      "quarantined configs "
+                                      + "; ".join(f"#{i} ({r})" for i, r in sorted(skipped.items())))
 
     def _run_slot(self, state: KeyState, args: tuple, kwargs: dict[str, Any]) -> Any:
         slot = state.take_slot()
@@ -365,7 +370,8 @@ class Executor:
     def _try_launch(self, state: KeyState, index: int, args: tuple, kwargs: dict[str, Any]) -> tuple[bool, Any]:
         """Launch config `index`: (True, its return value), or (False, the reason) if the config cannot
         run here, which also marks it failed. Any other exception is the user's and propagates."""
-        return self._launch_noted(state, index, lambda: self._run_config(state.autotuner, state.configs[index], args, kwargs))
+        return self._launch_noted(state, index, lambda: self._run_config(state.autotuner, state.configs[index], args,
+                                                                         kwargs))
 
     def _run_config(self, at: Autotuner, config: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         """A slot's launch: with Triton's benchmarking hooks, unless the call is online (it runs once)."""

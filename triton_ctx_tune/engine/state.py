@@ -319,7 +319,8 @@ class Choice:
     tie_break: str | None  # None: the fastest won; "incumbent" or "config order": it decided
 
 
-def stable_winner(times: list[float], q20: list[float], q80: list[float], incumbent: int | None = None) -> Choice | None:
+def stable_winner(times: list[float], q20: list[float], q80: list[float],
+                  incumbent: int | None = None) -> Choice | None:
     """The winner among near-ties: the incumbent (the last winner of this kernel and key) if it is in the
     band, else the first in the config list; None when no config has a finite time."""
     fastest = pick_winner(times)

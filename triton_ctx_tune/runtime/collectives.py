@@ -1,7 +1,8 @@
 """The tuner's own collectives, each bounded in time and checked against an agreed schedule.
 
-They run on a gloo group of the tuner's own (the user's group's ranks) with CPU tensors. Every helper is a no-op (it returns what a one-rank group would) when is_dist=False or
-torch.distributed is not initialized, so the single-process path has no special cases.
+They run on a gloo group of the tuner's own (the user's group's ranks) with CPU tensors. Every helper is a
+no-op (it returns what a one-rank group would) when is_dist=False or torch.distributed is not initialized, so
+the single-process path has no special cases.
 """
 from __future__ import annotations
 
@@ -201,7 +202,8 @@ class Collectives:
             assert payload is not None
             data = rows[:, len(HEADER): len(HEADER) + numel].contiguous().view(payload.dtype)
             return data.reshape(self.world, *payload.shape)
-        views = [json.loads(b) for b in self._raw_gather_bytes(json.dumps(mine).encode(), "explain a schedule mismatch")]
+        views = [json.loads(b) for b in self._raw_gather_bytes(json.dumps(mine).encode(),
+                                                               "explain a schedule mismatch")]
         control.seq = max(int(head[:, 0].max()), control.seq)  # later collectives start from one count again
         raise ScheduleMismatchError(self.rank, views)
 

@@ -368,7 +368,8 @@ def aggregate_members(value: Any) -> tuple[str, list[tuple[str, Any]]] | None:
     if not getattr(value, "__triton_aggregate__", False):
         return None
     members = getattr(value, "hash_attrs", [])
-    return str(getattr(value, "__annotations__", {})), [(getattr(m, "__name__", str(i)), m) for i, m in enumerate(members)]
+    return (str(getattr(value, "__annotations__", {})),
+            [(getattr(m, "__name__", str(i)), m) for i, m in enumerate(members)])
 
 
 def is_triton_builtin(value: Any) -> bool:

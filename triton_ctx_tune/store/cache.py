@@ -301,7 +301,8 @@ def make_entry(ident: dict[str, Any], configs: Sequence[Config], winner: int, re
             failure = f"no time on rank(s) {failed_ranks}"
         timings.append({"config": config_str(config), "ms": finite(reduced[j][0]), "q20": finite(reduced[j][1]),
                         "q80": finite(reduced[j][2]), "per_rank_ms": [finite(row[j]) for row in per_rank],
-                        "failure": failure, "failed_ranks": failed_ranks, **({"carried": True} if j in carried else {})})
+                        "failure": failure, "failed_ranks": failed_ranks,
+                        **({"carried": True} if j in carried else {})})
     now = datetime.datetime.now(datetime.timezone.utc)
     return {
         "format": FORMAT,
@@ -588,13 +589,16 @@ class TuningCache:
                 groups: dict[bytes, list[int]] = {}
                 for rank, text in enumerate(differing):
                     groups.setdefault(text, []).append(rank)
-                raise RankMismatchError("\n".join(f"  ranks {ranks}: {text.decode()}" for text, ranks in groups.items()))
+                raise RankMismatchError("\n".join(f"  ranks {ranks}: {text.decode()}"
+                                                  for text, ranks in groups.items()))
             hit, winner, removed = bool(answers[0, 0]), int(answers[0, 1]), int(answers[0, 2])  # rank 0's answer
             if not self.reads_and_writes:
                 source = "shipped" if int(answers[0, 0]) == 2 else "cache"
             if removed >= 0:  # every rank plans the same slots: rank 0's plan, whole
-                mine = incremental.to_tensor() if incremental is not None else Plan.blank_tensor(len(configs), ident["world"])
-                incremental = Plan.from_tensor(self.comm.broadcast_from_root(mine, "broadcast the incremental plan"), removed)
+                mine = (incremental.to_tensor() if incremental is not None
+                        else Plan.blank_tensor(len(configs), ident["world"]))
+                incremental = Plan.from_tensor(self.comm.broadcast_from_root(mine, "broadcast the incremental plan"),
+                                               removed)
         return Lookup(ident, eid, path, hit, winner, entry, stale, source, incremental)
 
     def neighbours(self, ident: dict[str, Any]) -> dict[str, str]:

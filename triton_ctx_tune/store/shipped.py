@@ -124,7 +124,8 @@ def _read(path: Path, stamp: tuple[int, int]) -> _File:
         read.kernel_keys.setdefault((ident["kernel"], ident["key"]), []).append(shipped)
     for i, entry in enumerate(functions):
         ident = entry.get("identity") if isinstance(entry, dict) else None
-        if not (isinstance(ident, dict) and isinstance(ident.get("function"), str) and isinstance(ident.get("key"), str)):
+        if not (isinstance(ident, dict) and isinstance(ident.get("function"), str)
+                and isinstance(ident.get("key"), str)):
             bad.append(f"functions[{i}]: not a function-level entry (no identity with a function and a key)")
             continue
         try:

@@ -69,7 +69,8 @@ EVENTS: dict[str, EventSpec] = dict([
     # source: "cache" (the entry at path), else the shipped config file it came from (rank 0; "shipped" elsewhere).
     _spec("cache-hit", "a winner read from the persistent (or function) cache, or from a shipped config file",
           "key", "winner", "path", "entry", "source"),
-    # source: "cache", or "shipped" (path is then the shipped file); a kernel's names its kernel, a function's its function.
+    # source: "cache", or "shipped" (path is then the shipped file); a kernel's names its kernel, a function's
+    # its function.
     _spec("cache-stale", "a cached or shipped entry of the key that no longer applies, and why", "key", "path",
           "reasons", "others", "source"),
     _spec("cache-store", "a winner stored in the persistent (or function) cache", "path"),

@@ -560,7 +560,8 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
                  and j < len(r.q80) and r.q80[j] is not None else "-")
             ranks = "".join(f"  {_rank_ms(r, rank, j):>10}" for rank in range(len(r.per_rank)))
             carried = ("  (carried over, scaled)" if j in r.carried else
-                       f"  (screened out on rank {r.screened_on[j]}, not run on the others)" if j in r.screened_on else "")
+                       f"  (screened out on rank {r.screened_on[j]}, not run on the others)" if j in r.screened_on
+                       else "")
             lines.append(f"    {mark} #{j:<3}  {_ms(r.ms[j] if j < len(r.ms) else None):>10}  {q:>19}{ranks}  "
                          f"{config}{carried}")
     return lines
@@ -601,7 +602,8 @@ def format_points(f: PointReport) -> list[str]:
         note = ("FAILED " + f.failures[str(j)] if str(j) in f.failures else
                 "screened out" if j in f.screened_out else "")
         mark = "*" if j == f.winner else " "
-        out.append(f"  {mark:2}{j:>3}  {str(point):<40} {_ms(f.ms[j]) if j < len(f.ms) else '-':>14} {spread:>22}  {note}")
+        ms = _ms(f.ms[j]) if j < len(f.ms) else "-"
+        out.append(f"  {mark:2}{j:>3}  {str(point):<40} {ms:>14} {spread:>22}  {note}")
     for k in f.kernels:
         out.append(f"     under the winner: {k['kernel']} key={tuple(k['key'])!r} -> {{{k['config']}}}")
     return out
