@@ -15,8 +15,13 @@ setup(
     long_description=(here / "README.md").read_text(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["triton_ctx_tune", "triton_ctx_tune.*"]),
-    python_requires=">=3.9",
+    python_requires=">=3.10",  # dataclass(kw_only=True) (engine/state.py, engine/search.py), X | Y aliases
     install_requires=["triton>=3.4", "torch>=2.4", "numpy"],
-    extras_require={"test": ["pytest>=7"], "plot": ["matplotlib"], "clients": ["fla-core==0.6.0", "cut-cross-entropy==25.1.1"]},
+    extras_require={
+        # The linters are pinned: a new release's new checks would fail CI on code that did not change.
+        "test": ["pytest>=7", "mypy==2.4.1", "ruff==0.17.6"],
+        "plot": ["matplotlib"],
+        "clients": ["fla-core==0.6.0", "cut-cross-entropy==25.1.1"],
+    },
     entry_points={"console_scripts": ["triton-ctx-tune=triton_ctx_tune.tools.cli:main"]},
 )

@@ -29,9 +29,10 @@ import itertools
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,8 +42,13 @@ from triton.runtime.autotuner import Autotuner, Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import host_do_bench, interpreting  # noqa: E402
-from mlp_ops import config_text, fresh_autotuner, launch, tolerance, triton_key  # noqa: E402
+
+# In this order: importing mlp_ops puts examples/ on sys.path, where mlp_kernels is. config_text and tolerance
+# are not used here: bench_ag_gemm imports them from here.
+# isort: off
+from mlp_ops import config_text, fresh_autotuner, launch, tolerance, triton_key  # noqa: E402, F401
 from mlp_kernels import matmul_tile  # noqa: E402  (examples/, put on sys.path by mlp_ops)
+# isort: on
 
 # torch >= 2.12 deprecates the name in favour of all_gather_single, which older torch lacks; the GPU runs use 2.11.
 warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.* is deprecated", category=FutureWarning)

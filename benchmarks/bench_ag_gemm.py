@@ -30,9 +30,10 @@ import os
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ARMS = ("ours", "ours_e2e", "ours_per_kernel", "tdist", "gemm_alone", "exhaustive")
 UNAVAILABLE_OURS = "unavailable (triton_ctx_tune.autotune missing)"
@@ -253,8 +254,8 @@ def arm_ours_per_kernel(ctx: Ctx, gemm: Any) -> ArmRun:
             gemm.cache.clear()  # tuned inside this point, not inherited from a point sharing its key
             outputs.append(tuned(ctx.a, ctx.b, **p.kwargs()))
             cfg = op.tuned_config(ctx.a, ctx.b, p.chunks)
-            ms = guarded(ctx.ranks, p.text(), lambda: tdist_ms(ctx.ranks, ctx.fixed(op, p, cfg), a.tdist_warmup,
-                                                                a.tdist_iters))
+            ms = guarded(ctx.ranks, p.text(), lambda p=p, cfg=cfg: tdist_ms(ctx.ranks, ctx.fixed(op, p, cfg),
+                                                                            a.tdist_warmup, a.tdist_iters))
             rows.append({"point": p, "config": cfg, "executions": tuned.last_call.executions, "ms": ms})
 
     _, wall, per_rank = timed(ctx.ranks, sweep)
@@ -281,7 +282,8 @@ def arm_tdist(ctx: Ctx, gemm: Any) -> ArmRun:
     def sweep() -> None:
         for p, c in combos:
             times.append(guarded(ctx.ranks, f"{p.text()} {{{config_text(c)}}}",
-                                 lambda: tdist_ms(ctx.ranks, ctx.fixed(op, p, c), a.tdist_warmup, a.tdist_iters)))
+                                 lambda p=p, c=c: tdist_ms(ctx.ranks, ctx.fixed(op, p, c), a.tdist_warmup,
+                                                           a.tdist_iters)))
 
     _, wall, per_rank = timed(ctx.ranks, sweep)
     best = argmin(times)
@@ -340,8 +342,8 @@ def arm_exhaustive(ctx: Ctx, gemm: Any) -> ArmRun:
         for _ in range(a.exh_rounds):
             for i, (p, c) in enumerate(combos):
                 per_round[i].append(guarded(ctx.ranks, f"{p.text()} {{{config_text(c)}}}",
-                                            lambda: ctx.ranks.max(op_ms(ctx.ranks, ctx.fixed(op, p, c), a.exh_iters,
-                                                                        a.exh_warmup))))
+                                            lambda p=p, c=c: ctx.ranks.max(op_ms(ctx.ranks, ctx.fixed(op, p, c),
+                                                                                 a.exh_iters, a.exh_warmup))))
 
     _, wall, per_rank = timed(ctx.ranks, sweep)
     ms = [median(r) if all(math.isfinite(x) for x in r) else math.inf for r in per_round]
@@ -356,7 +358,9 @@ def arm_exhaustive(ctx: Ctx, gemm: Any) -> ArmRun:
 ARM_FUNCS: dict[str, Callable[[Ctx, Any], ArmRun]] = {
     # ours_e2e: the GEMM's configs judged by whole executions too (objective="end_to_end"), as the README
     # advises for kernels that overlap communication: its chunks run while the next all-gather does.
-    "ours": arm_ours, "ours_e2e": functools.partial(arm_ours, objective="end_to_end"), "ours_per_kernel": arm_ours_per_kernel, "tdist": arm_tdist, "gemm_alone": arm_gemm_alone,
+    "ours": arm_ours, "ours_e2e": functools.partial(arm_ours, objective="end_to_end"),
+                                                      "ours_per_kernel": arm_ours_per_kernel, "tdist": arm_tdist,
+                                                      "gemm_alone": arm_gemm_alone,
     "exhaustive": arm_exhaustive}
 
 

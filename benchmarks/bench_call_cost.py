@@ -20,17 +20,18 @@ import argparse
 import importlib.util
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks import benchlib  # noqa: E402
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
+
+from benchmarks import benchlib  # noqa: E402
 
 PRISTINE_RUN = Autotuner.__dict__["run"]
 
@@ -144,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                      "extra_per_launch_us": (med - bare) / 3})
     print(f"{'arm':6} {'median us/call':>15} {'range':>17} {'extra us':>9}")
     for row in rows:
-        print(f"{row['arm']:6} {row['median_us']:15.2f} {row['min_us']:8.2f}-{row['max_us']:<8.2f} {row['extra_us']:9.2f}")
+        print(f"{row['arm']:6} {row['median_us']:15.2f} {row['min_us']:8.2f}-{row['max_us']:<8.2f} "
+              f"{row['extra_us']:9.2f}")
     for i, call in enumerate(miss["calls"]):
         print(f"{'warm call meeting a new key' if i == 0 else 'the call after it'}: {call['executions']} executions, "
               f"deferred {call['deferred']}, tuned {call['tuned']}")

@@ -29,8 +29,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -249,7 +250,7 @@ def launch(world: int, args: argparse.Namespace) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its ranks share its session
             proc.wait()
-            raise SystemExit(f"{world} ranks: still running after {args.deadline} s, killed")
+            raise SystemExit(f"{world} ranks: still running after {args.deadline} s, killed") from None
     if rc != 0:
         raise SystemExit(f"{world} ranks: torchrun exited with {rc}; see stdout-{world}ranks.txt")
 

@@ -16,8 +16,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -96,7 +97,8 @@ def main() -> None:
         for kind in ("step", "deciding step"):
             g, u = results[world][f"{kind}, guarded"], results[world][f"{kind}, unguarded"]
             print(f"world {world}: {kind:13s}: guarded {g['median_us']:8.1f} us (p90 {g['p90_us']:8.1f}), unguarded "
-                  f"{u['median_us']:8.1f} us (p90 {u['p90_us']:8.1f}): the guard adds {g['median_us'] - u['median_us']:7.1f} us",
+                  f"{u['median_us']:8.1f} us (p90 {u['p90_us']:8.1f}): "
+                  f"the guard adds {g['median_us'] - u['median_us']:7.1f} us",
                   flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))

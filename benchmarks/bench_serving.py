@@ -33,8 +33,9 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048]
 SMALL_SIZES = [1, 3, 4, 8, 12, 16]
@@ -46,7 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--small", action="store_true", help="tiny shapes and few requests, for CPU smoke runs")
     p.add_argument("--requests", type=int, help="requests per arm (default 200; --small 12)")
     p.add_argument("--warm-M", type=int, help="the 'ours' arm's warm-up size (default 512; --small 8)")
-    p.add_argument("--arms", default="fixed,fixed-autotuner,vanilla,ours,ahead", help="comma-separated subset of the arms")
+    p.add_argument("--arms", default="fixed,fixed-autotuner,vanilla,ours,ahead",
+                   help="comma-separated subset of the arms")
     p.add_argument("--no-extras", action="store_true", help="skip the per-M tune-ahead, loss and spread parts")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -87,8 +89,8 @@ class Arm:
     def __init__(self, name: str, args: argparse.Namespace, ranks: Any, shards: tuple, collective: bool = True,
                  **tune: Any) -> None:
         import torch.distributed as dist
-        from mlp_ops import KernelSet, gelu_, matmul, named_default
 
+        from mlp_ops import KernelSet, gelu_, matmul, named_default
         from triton_ctx_tune import contextual_autotune
 
         self.name, self.ranks = name, ranks
@@ -128,9 +130,9 @@ class Arm:
 
     def picks(self, x: Any) -> list[Any]:
         """The Config each launch of the op at x's M runs (gemm1, gelu, gemm2), read from Autotuner.cache."""
-        from mlp_ops import matmul_args, triton_key
-
         import torch
+
+        from mlp_ops import matmul_args, triton_key
 
         h = torch.empty(x.shape[0], self.shards[0].shape[1], dtype=x.dtype, device=x.device)
         y = torch.empty(x.shape[0], self.shards[1].shape[1], dtype=x.dtype, device=x.device)
@@ -141,10 +143,10 @@ class Arm:
 
     def kernels_ms(self, x: Any, configs: list[Any], rep_ms: int) -> float:
         """GPU time of the op's three kernels at x's M with `configs` (do_bench each, summed)."""
+        import torch
+
         from benchlib import kernel_ms
         from mlp_ops import gelu_, matmul
-
-        import torch
 
         w1s, w2s = self.shards
         h = torch.empty(x.shape[0], w1s.shape[1], dtype=x.dtype, device=x.device)
@@ -199,9 +201,10 @@ def run(args: argparse.Namespace, ranks: Any) -> dict[str, Any]:
     import random
 
     import torch
+
     from benchlib import geomean
-    from tables import prime
     from mlp_ops import make_inputs
+    from tables import prime
 
     dtype = torch.float32 if not ranks.cuda else torch.bfloat16
     top = max(args.sizes)

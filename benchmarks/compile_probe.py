@@ -30,10 +30,10 @@ def main() -> None:
     import triton
 
     import mlp_kernels
-    from triton_ctx_tune.runtime import compat
     from triton_ctx_tune.compile.compile_workers import default_workers, get_pool
     from triton_ctx_tune.compile.precompile import _compile, default_threads
     from triton_ctx_tune.engine.state import KeyState
+    from triton_ctx_tune.runtime import compat
 
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=default_threads())

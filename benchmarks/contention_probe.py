@@ -69,7 +69,8 @@ def case(name: str, objective: str, contended: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}))
+    print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                      "triton": triton.__version__}))
     for name, contended in (("alone", False), ("overlapped", True)):
         for objective in ("auto", "per_launch", "end_to_end"):
             print(json.dumps(case(name, objective, contended)), flush=True)

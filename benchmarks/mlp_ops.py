@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -57,7 +58,7 @@ class KernelSet:
     gelu: Autotuner
 
     @classmethod
-    def fresh(cls, label: str, do_bench: Callable[..., Any] | None = None) -> "KernelSet":
+    def fresh(cls, label: str, do_bench: Callable[..., Any] | None = None) -> KernelSet:
         for at, names in ((mlp_kernels.matmul_kernel, _MATMUL_ARGS), (mlp_kernels.gelu_inplace_kernel, _GELU_ARGS)):
             if list(at.arg_names)[:len(names)] != names:
                 raise RuntimeError(f"examples/mlp_kernels.py: {at.base_fn.__name__} now takes {at.arg_names}; "

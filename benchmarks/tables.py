@@ -13,14 +13,15 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from benchlib import (Ranks, geomean, host_do_bench, interpreting, iqr, kernel_ms, median, op_ms, rel_fro, timed)
+from benchlib import Ranks, geomean, host_do_bench, interpreting, iqr, kernel_ms, median, op_ms, rel_fro, timed
 from mlp_ops import KernelSet, Op, config_index, config_text, make_inputs, named_default, reference, tolerance
 from triton_ctx_tune import contextual_autotune
 
@@ -466,7 +467,7 @@ def table_quality(b: Bench) -> TableResult:
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             picks = variants[name]
-            rounds[name].append(max(ranks.gather(op_ms(ranks, lambda: op(fixed=picks), args.op_iters, 2))))
+            rounds[name].append(max(ranks.gather(op_ms(ranks, lambda picks=picks: op(fixed=picks), args.op_iters, 2))))
     ratios = {n: [a / e for a, e in zip(rounds[n], rounds["exhaustive"])] for n in names if n != "exhaustive"}
     s["op_ms_exhaustive"] = median(rounds["exhaustive"])
     s["op_ms_chosen"] = median(rounds["chosen"])

@@ -31,7 +31,8 @@ def _scaled(x: torch.Tensor, plain: bool) -> torch.Tensor:
     return y
 
 
-def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, plain: bool = False) -> torch.Tensor:
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+                plain: bool = False) -> torch.Tensor:
     """A data-parallel training step: its own all_reduce of the gradients, then the optimizer step."""
     opt.zero_grad()
     loss = model(_scaled(x, plain).view(8, 12)).square().mean()
@@ -169,5 +170,6 @@ def online_mismatch() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main({"train_step": train_step, "limit_on_rank1": limit_on_rank1, "online": online, "online_defaults": online_defaults,
+    main({"train_step": train_step, "limit_on_rank1": limit_on_rank1, "online": online,
+          "online_defaults": online_defaults,
           "online_mismatch": online_mismatch})

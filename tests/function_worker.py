@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -173,7 +174,8 @@ def misuse_on_every_rank() -> dict[str, Any]:
     return {"errors": errors, "sums": sums, "tuned": tuned[:2].tolist(), "cache_written": cache.exists()}
 
 
-SCENARIOS = {"consensus": consensus, "fails_on_rank1": fails_on_rank1, "wrong_on_rank1": wrong_on_rank1, "cached": cached,
+SCENARIOS = {"consensus": consensus, "fails_on_rank1": fails_on_rank1, "wrong_on_rank1": wrong_on_rank1,
+             "cached": cached,
              "validate_rank1": validate_rank1, "misuse_on_every_rank": misuse_on_every_rank}
 
 

@@ -28,9 +28,11 @@ def _hook(block: int, cost_ms: float) -> Any:
     spend = costly(lambda nargs: cost_ms)
 
     def hook(nargs: dict[str, Any]) -> None:
-        if os.environ.get("CRASH_BLOCK") == str(block) and os.environ.get("RANK", "0") == os.environ.get("CRASH_RANK", "0"):
+        if os.environ.get("CRASH_BLOCK") == str(block) and os.environ.get("RANK", "0") == os.environ.get("CRASH_RANK",
+                                                                                                         "0"):
             os._exit(3)
-        if os.environ.get("HANG_BLOCK") == str(block) and os.environ.get("RANK", "0") == os.environ.get("CRASH_RANK", "0"):
+        if os.environ.get("HANG_BLOCK") == str(block) and os.environ.get("RANK", "0") == os.environ.get("CRASH_RANK",
+                                                                                                        "0"):
             time.sleep(3600)  # a kernel that never finishes
         spend(nargs)
     return hook

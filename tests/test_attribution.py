@@ -207,5 +207,6 @@ def test_torch_compile_breaks_the_graph_once_at_the_call_and_tunes_with_our_tune
 def test_cuda_graph_timing_is_refused_without_a_gpu_before_any_work():
     from triton_ctx_tune import InvalidOptionError
 
-    with pytest.raises(InvalidOptionError, match="cuda_graph=True is not valid: expected False here: graph replays need"):
+    with pytest.raises(InvalidOptionError,
+                       match="cuda_graph=True is not valid: expected False here: graph replays need"):
         contextual_autotune(cuda_graph=True)

@@ -6,28 +6,43 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
 
 from tests import kernels as K
 from tests.kernels import DEVICE, grid
-from triton_ctx_tune import (InvalidOptionError, NoValidConfigError, autotune, carry, contextual_autotune,
-                             start_compile_workers)
-from triton_ctx_tune.runtime.compat import Autotuner
-from triton_ctx_tune.errors import (CacheError, CtxTuneError, NoProcessGroupError, NothingToValidateError,
-                                    NoValidPointError, UnknownOptionError, UserHookError)
+from triton_ctx_tune import (
+    InvalidOptionError,
+    NoValidConfigError,
+    autotune,
+    carry,
+    contextual_autotune,
+    start_compile_workers,
+)
+from triton_ctx_tune.errors import (
+    CacheError,
+    CtxTuneError,
+    NoProcessGroupError,
+    NothingToValidateError,
+    NoValidPointError,
+    UnknownOptionError,
+    UserHookError,
+)
 from triton_ctx_tune.options import ENVIRONMENT, TuneOptions
+from triton_ctx_tune.runtime.compat import Autotuner
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = ["is_dist", "n_repeat", "n_warmup", "group", "reduce", "stat", "flush_l2", "log_dir", "quiet", "timeout_s",
            "max_executions", "cache", "cache_dir", "config_path", "early_stop", "precompile", "compile_threads",
            "compile_workers", "compile_timeout_s",
            "cuda_graph", "quarantine",
-           "slot_timeout_s", "objective", "confirm", "split_screening", "e2e_runs", "validate", "reference", "compare", "atol", "rtol",
+           "slot_timeout_s", "objective", "confirm", "split_screening", "e2e_runs", "validate", "reference", "compare",
+           "atol", "rtol",
            "max_mismatch_ratio", "exactly_once", "snapshot_limit_mb", "online", "buckets", "freeze", "flops", "bytes"]
 
 
@@ -45,7 +60,8 @@ def test_misspelt_keyword_names_the_closest_option_and_lists_them_all():
     with pytest.raises(UnknownOptionError) as info:
         contextual_autotune(frobnicate=1)
     assert "Did you mean" not in str(info.value) and info.value.closest is None
-    with pytest.raises(InvalidOptionError, match=r"e2e_runs=0 is not valid: expected an int >= 1, or None for the default"):
+    with pytest.raises(InvalidOptionError,
+                       match=r"e2e_runs=0 is not valid: expected an int >= 1, or None for the default"):
         contextual_autotune(e2e_runs=0)
     with pytest.raises(InvalidOptionError, match=r"compile_timeout_s=0 is not valid: expected a number of seconds "
                        r"greater than 0 \(math.inf: no limit\), or None for the default\."):
@@ -55,7 +71,8 @@ def test_misspelt_keyword_names_the_closest_option_and_lists_them_all():
 FLAG = "1 or 0 (or true/false, yes/no, on/off); unset for the default"
 # One bad value per variable the package reads, and what its message must say is accepted.
 BAD_ENV = {
-    "TRITON_CTX_TUNE_EARLY_STOP": ("abc", "a factor > 1 such as 1.5, 1/on for the default 1.5, or 0/off to turn it off"),
+    "TRITON_CTX_TUNE_EARLY_STOP": ("abc",
+                                   "a factor > 1 such as 1.5, 1/on for the default 1.5, or 0/off to turn it off"),
     "TRITON_CTX_TUNE_CACHE": ("ture", FLAG),
     "TRITON_CTX_TUNE_RETUNE": ("please", FLAG),
     "TRITON_CTX_TUNE_PRECOMPILE": ("2", FLAG),
@@ -390,7 +407,8 @@ MISUSES: list[Misuse] = [
     Misuse("compile_timeout_s=0", _decorate(compile_timeout_s=0), InvalidOptionError,
            ("compile_timeout_s=0", "greater than 0")),
     Misuse("slot_timeout_s=0", _decorate(slot_timeout_s=0), InvalidOptionError, ("slot_timeout_s=0", "greater than 0")),
-    Misuse("quarantine='on'", _decorate(quarantine="on"), InvalidOptionError, ("quarantine='on'", "True, False or None")),
+    Misuse("quarantine='on'", _decorate(quarantine="on"), InvalidOptionError, ("quarantine='on'",
+                                                                               "True, False or None")),
     Misuse("e2e_runs=0", _decorate(e2e_runs=0), InvalidOptionError, ("e2e_runs=0", "an int >= 1")),
     Misuse("exactly_once='yes'", _decorate(exactly_once="yes"), InvalidOptionError,
            ("exactly_once='yes'", "True or False")),
@@ -420,7 +438,8 @@ MISUSES: list[Misuse] = [
     Misuse("validate=True, result None", _ctx_call(_none, validate=True), NothingToValidateError,
            ("validate=True", "its result holds no tensor", "return the output tensors", "compare="), runs=True),
     Misuse("validate=True, reference returns None", _ctx_call(validate=True, reference=lambda x: None),
-           NothingToValidateError, ("validate=True", "the result of reference= holds no tensor", "compare="), runs=True),
+           NothingToValidateError, ("validate=True", "the result of reference= holds no tensor", "compare="),
+           runs=True),
     Misuse("reference raises", _ctx_call(validate=True, reference=_raise(ZeroDivisionError("in the user's code"))),
            UserHookError, ("reference raised ZeroDivisionError: in the user's code", "Fix: make reference("),
            cause=ZeroDivisionError, runs=True),
@@ -565,8 +584,8 @@ def _files(root: Path) -> dict[str, bytes | None]:
 
 
 def _process_state() -> tuple:
-    from triton_ctx_tune.runtime import patch, resolver
     from triton_ctx_tune.compile.compile_workers import started_workers
+    from triton_ctx_tune.runtime import patch, resolver
 
     return (Autotuner.__dict__["run"], patch.resident, patch.installs(), resolver.current(), set(resolver.open_calls),
             {name: K.chosen(k) for name, k in (("double_", K.double_), ("add_one_", K.add_one_))}, started_workers())

@@ -24,11 +24,11 @@ from tests import cache_worker as W
 from tests import kernels as K
 from tests.kernels import DEVICE, autotuner, chosen, grid
 from triton_ctx_tune import InvalidOptionError, contextual_autotune
-from triton_ctx_tune.store import cache as C
-from triton_ctx_tune.runtime.compat import config_str, config_to_dict
 from triton_ctx_tune.errors import CacheWarning
-from triton_ctx_tune.store.fingerprint import callable_digest
 from triton_ctx_tune.options import TuneOptions
+from triton_ctx_tune.runtime.compat import config_str, config_to_dict
+from triton_ctx_tune.store import cache as C
+from triton_ctx_tune.store.fingerprint import callable_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = dict(n_warmup=1, n_repeat=2, early_stop=False)  # 3 slots per config

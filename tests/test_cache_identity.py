@@ -171,7 +171,8 @@ def test_an_entry_from_another_device_or_triton_or_cache_format_misses_and_says_
     for p in C.entry_paths(cache):
         p.unlink()
     old = {"format": "triton_ctx_tune.cache/1", "identity": {"format": "triton_ctx_tune.cache/1", "kernel": "double_",
-                                                               "key": "(96, 'torch.float32')", "source_sha256": "0" * 64}}
+                                                               "key": "(96, 'torch.float32')",
+                                                             "source_sha256": "0" * 64}}
     (cache / f"double_-{'e' * 64}.json").write_text(json.dumps(old))
     K.reset_caches()
     op(x)

@@ -12,14 +12,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from triton_ctx_tune.store.cache import device_identity
 import torch
 
 from tests import kernels as K
 from tests.kernels import DEVICE, grid
-from triton_ctx_tune.store import cache as C
 from triton_ctx_tune import contextual_autotune
+from triton_ctx_tune.store import cache as C
+from triton_ctx_tune.store.cache import device_identity
 from triton_ctx_tune.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -75,7 +75,8 @@ def test_workers_compile_real_binaries_that_the_parent_then_finds(healthy):
     first, second = row["first"], row["second"]
     assert first["by_workers"] == [1, 2, 3] and first["new_cubins"] == 3
     assert list(first["failures"]) == ["0"]  # BLOCK 128 > LIMIT: tl.static_assert, reported by the worker
-    assert first["failures"]["0"].startswith("CompileTimeAssertionFailure: ") and "BLOCK over LIMIT" in first["failures"]["0"]
+    assert first["failures"]["0"].startswith("CompileTimeAssertionFailure: ")
+    assert "BLOCK over LIMIT" in first["failures"]["0"]
     assert second["by_workers"] == [0, 1, 2] and second["new_cubins"] == 3 and second["failures"] == {}
     assert row["outer"]["by_workers"] == [0, 1, 2] and row["outer"]["new_cubins"] == 3
     # The parent compiled the same 6 configs again: every one a hit in Triton's cache, so the same keys.

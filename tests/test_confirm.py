@@ -69,7 +69,9 @@ def test_close_candidates_band():
 
 def test_a_ranking_made_by_drift_is_corrected_by_the_interleaved_confirmation():
     # BLOCK 16 measures 0.98 while it runs its own block of slots, then 1.05; BLOCK 32 is a steady 1.0.
-    configs = lambda: [_drifting(SLOTS, 0.98, 1.05)] + block_configs([32, 64], slow={32: BIG, 64: 2 * BIG})
+    def configs() -> list[triton.Config]:
+        return [_drifting(SLOTS, 0.98, 1.05)] + block_configs([32, 64], slow={32: BIG, 64: 2 * BIG})
+
     plain = _kernel(configs())
     unconfirmed = _tune(plain, confirm=False)
     assert chosen(plain) == {(N, "torch.float32"): 16}  # 2% ahead in its own stretch: beyond the 1% tie band

@@ -5,8 +5,8 @@ import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
@@ -17,8 +17,7 @@ from triton.runtime.errors import InterpreterError
 
 from tests import kernels as K
 from tests.kernels import DEVICE, autotuner, chosen, grid
-from triton_ctx_tune import (CtxTuneError, InvalidOptionError, NoValidConfigError, autotuner_patch,
-                             contextual_autotune)
+from triton_ctx_tune import CtxTuneError, InvalidOptionError, NoValidConfigError, autotuner_patch, contextual_autotune
 from triton_ctx_tune.runtime import patch as ctx_patch
 from triton_ctx_tune.runtime import resolver
 from triton_ctx_tune.runtime.compat import interpret_mode, interpreter_numpy_note
@@ -296,7 +295,8 @@ def test_threads_tune_independently_and_plain_launches_are_not_captured(serializ
     assert_call_closed()
 
 
-@pytest.mark.parametrize("kernel", [K.heur_inner_add_one_, K.heur_outer_add_], ids=["autotune-outside", "heuristics-outside"])
+@pytest.mark.parametrize("kernel", [K.heur_inner_add_one_, K.heur_outer_add_], ids=["autotune-outside",
+                                                                                    "heuristics-outside"])
 def test_heuristics_stacked_either_way(kernel):
     @contextual_autotune(**FAST)
     def op(x: torch.Tensor):
@@ -527,7 +527,8 @@ def test_early_stopping_screens_then_measures_the_survivors(tmp_path, precompile
     assert screen["kept"] == [0, 1] and screen["factor"] == 1.5
     (decision,) = [e for e in events if e["event"] == "decision"]
     assert decision["screened_out"] == [2] and decision["winner"] == 0
-    timed = {i: sum(1 for e in events if e["event"] == "slot" and e["config_index"] == i and e["timed"]) for i in range(3)}
+    timed = {i: sum(1 for e in events if e["event"] == "slot" and e["config_index"] == i and e["timed"])
+             for i in range(3)}
     assert timed == {0: 3, 1: 3, 2: 1}
     assert [e["event"] for e in events].count("precompile") == (1 if precompile else 0)
 
@@ -609,8 +610,8 @@ def test_numpy_note_only_for_the_versions_that_have_the_bug():
 
 
 def test_the_fast_tuning_key_is_tritons_key_for_every_way_of_passing_arguments():
-    from triton_ctx_tune.runtime.compat import triton_key, tuning_key
     from tests.kernels import scale_copy
+    from triton_ctx_tune.runtime.compat import triton_key, tuning_key
 
     at = autotuner(scale_copy)
     src, dst = torch.ones(8, device=DEVICE), torch.ones(8, device=DEVICE, dtype=torch.float16)

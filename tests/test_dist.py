@@ -14,7 +14,8 @@ pytestmark = pytest.mark.dist
 
 ROOT = Path(__file__).resolve().parents[1]
 NORMAL = ["agree", "one_rank_fails", "skew_max", "skew_mean", "near_tie", "incremental", "early_stop",
-          "split_table", "fast_on_one_rank", "one_rank_fails_split", "all_fail_on_rank1", "mismatch", "backward", "backward_checkpoint"]
+          "split_table", "fast_on_one_rank", "one_rank_fails_split", "all_fail_on_rank1", "mismatch", "backward",
+          "backward_checkpoint"]
 DEADLINE_S = 600
 
 

@@ -20,7 +20,8 @@ from triton_ctx_tune import contextual_autotune
 from triton_ctx_tune.errors import StateNotRestorableError
 
 N = 96
-TUNE = dict(n_warmup=1, n_repeat=2, early_stop=False, cache=False)  # 3 configs x 3 slots: 9 tuning executions + the final run
+TUNE = dict(n_warmup=1, n_repeat=2, early_stop=False,
+            cache=False)  # 3 configs x 3 slots: 9 tuning executions + the final run
 
 
 _PLAIN = {"on": False}

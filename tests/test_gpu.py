@@ -39,8 +39,10 @@ def _matmul(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constex
     rk = tl.arange(0, BK)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k in range(0, K, BK):
-        x = tl.load(a + rm[:, None] * K + (k + rk)[None, :], mask=(rm[:, None] < M) & ((k + rk)[None, :] < K), other=0.0)
-        y = tl.load(b + (k + rk)[:, None] * N + rn[None, :], mask=((k + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)
+        x = tl.load(a + rm[:, None] * K + (k + rk)[None, :], mask=(rm[:, None] < M) & ((k + rk)[None, :] < K),
+                    other=0.0)
+        y = tl.load(b + (k + rk)[:, None] * N + rn[None, :], mask=((k + rk)[:, None] < K) & (rn[None, :] < N),
+                    other=0.0)
         acc += tl.dot(x, y)
     tl.store(c + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
@@ -93,7 +95,8 @@ def test_precompile_finds_compile_errors_before_any_slot(tmp_path):
     # The execution that met the key ran a config that had compiled (in config 0's warm-up slot, never a
     # timed one), and no later slot tried config 0.
     first, *rest = [e for e in events if e["event"] == "slot" and e["config_index"] == 0]
-    assert first["step"] == 1 and not first["timed"] and first["ran"] not in (None, 0) and pre["ran_meanwhile"] == [first["ran"]]
+    assert first["step"] == 1 and not first["timed"] and first["ran"] not in (None, 0)
+    assert pre["ran_meanwhile"] == [first["ran"]]
     assert rest and all(e["failure"].startswith("skipped") for e in rest)
     autotuner(_limited).cache.clear()
 

@@ -71,7 +71,8 @@ def test_a_call_that_would_tune_during_capture_raises_before_any_launch():
 
 
 def _fresh(args: list[str], tmp_path: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TRITON_CACHE_DIR=str(tmp_path / "triton"),
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+               TRITON_CACHE_DIR=str(tmp_path / "triton"),
                PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 

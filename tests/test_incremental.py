@@ -19,9 +19,9 @@ from triton.runtime.errors import OutOfResources
 
 from tests.kernels import DEVICE, costly, grid
 from triton_ctx_tune import contextual_autotune
+from triton_ctx_tune.runtime.compat import config_str
 from triton_ctx_tune.store import cache as C
 from triton_ctx_tune.store import incremental as I
-from triton_ctx_tune.runtime.compat import config_str
 from triton_ctx_tune.tools.report import build, format_report
 
 N = 128

@@ -40,7 +40,8 @@ BAD_INPUT = {
                    "launch: NPROC=0: expected a positive integer, the number of processes per node (e.g. NPROC=2)"),
     "nproc-abc": (dict(NPROC="abc"),
                   "launch: NPROC=abc: expected a positive integer, the number of processes per node (e.g. NPROC=2)"),
-    "device-typo": (dict(TRITON_CTX_TUNE_DEVICE="gpu"), "launch: TRITON_CTX_TUNE_DEVICE=gpu: expected auto, cuda or cpu"),
+    "device-typo": (dict(TRITON_CTX_TUNE_DEVICE="gpu"),
+                    "launch: TRITON_CTX_TUNE_DEVICE=gpu: expected auto, cuda or cpu"),
     "python-missing": (dict(PYTHON="/nonexistent/python3"),
                        "launch: PYTHON=/nonexistent/python3: no such command; set PYTHON to the Python that has "
                        "torch and triton"),

@@ -66,7 +66,8 @@ def _group(module: str) -> str:
 
 def test_the_tree_is_the_layers():
     assert {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")} >= {
-        "engine/call.py", "engine/session.py", "engine/executor.py", "engine/decisions.py", "store/cache.py", "runtime/compat.py",
+        "engine/call.py", "engine/session.py", "engine/executor.py", "engine/decisions.py", "store/cache.py",
+                                                                                  "runtime/compat.py",
         "compile/compile_workers.py", "tools/logs.py"}
     for folder in ("engine", "runtime", "compile", "store", "tools"):
         doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text()))

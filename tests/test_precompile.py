@@ -128,7 +128,7 @@ def test_the_compiler_hash_every_compile_keys_on_is_primed_once():
 
     assert prime_compiler_hash()
     homes = [importlib.import_module(m) for m in ("triton.runtime.cache", "triton.compiler.compiler")]
-    (key,) = {getattr(m, "triton_key") for m in homes if hasattr(m, "triton_key")}
+    (key,) = {m.triton_key for m in homes if hasattr(m, "triton_key")}
     assert key.cache_info().currsize == 1
     hits = key.cache_info().hits
     prime_compiler_hash()

@@ -13,10 +13,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(tmp_path: Path, crash: str | None, world: int = 0, crash_rank: int = 0, **extra: str) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, crash: str | None, world: int = 0, crash_rank: int = 0,
+         **extra: str) -> subprocess.CompletedProcess:
     """The worker in a fresh process (world=0), or on `world` gloo ranks through torchrun; TRITON_INTERPRET
     comes from conftest on a machine without a GPU."""
-    env = dict(os.environ, TRITON_CTX_TUNE_CACHE_DIR=str(tmp_path / "cache"), TRITON_CTX_TUNE_LOG_DIR=str(tmp_path / "logs"),
+    env = dict(os.environ, TRITON_CTX_TUNE_CACHE_DIR=str(tmp_path / "cache"),
+               TRITON_CTX_TUNE_LOG_DIR=str(tmp_path / "logs"),
                TRITON_CTX_TUNE_QUIET="0", PYTHONPATH=str(ROOT), CRASH_RANK=str(crash_rank), OMP_NUM_THREADS="1",
                QUARANTINE_OUT=str(tmp_path))
     env.pop("CRASH_BLOCK", None)

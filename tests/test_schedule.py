@@ -152,4 +152,5 @@ def test_a_rank_that_skips_a_step_ends_every_rank_with_the_named_error_in_second
         others = "rank 0" if world == 2 else "ranks " + ", ".join(map(str, range(world - 1)))
         lines = row["error"].splitlines()
         assert any(ln.startswith(f"  {others}: ") and "step 2, ending step 2" in ln for ln in lines), row["error"]
-        assert any(ln.startswith(f"  rank {world - 1}: ") and "step 3, ending step 3" in ln for ln in lines), row["error"]
+        assert any(ln.startswith(f"  rank {world - 1}: ") and "step 3, ending step 3" in ln for ln in lines), \
+            row["error"]

@@ -2,8 +2,8 @@
 services are built lazily."""
 from __future__ import annotations
 
-from triton_ctx_tune.options import TuneOptions
 from triton_ctx_tune.engine.session import Session
+from triton_ctx_tune.options import TuneOptions
 
 LAZY = ("comm", "timer", "log", "cache", "quarantine", "progress", "early_stop")
 

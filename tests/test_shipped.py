@@ -159,7 +159,8 @@ def test_shipped_entry_of_another_device_is_skipped_with_the_reason_and_the_key_
     shutil.rmtree(cache)
     kernel = fresh_kernel()
     op = run_op(kernel, cache_dir=cache, config_path=path.parent)
-    assert op.last_call.executions == 7 and op.last_call.cache_hits == 0 and chosen(kernel) == {(64, "torch.float32"): 32}
+    assert op.last_call.executions == 7 and op.last_call.cache_hits == 0
+    assert chosen(kernel) == {(64, "torch.float32"): 32}
     (stale,) = events(tmp_path, "cache-stale")
     assert stale["source"] == "shipped" and stale["path"] == str(other) and stale["others"] == 0
     assert stale["reasons"] == [f"device {there!r} -> {here!r}"]

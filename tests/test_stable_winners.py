@@ -98,7 +98,7 @@ def test_near_ties_with_noise_give_the_same_winner_in_5_of_5_cold_runs():
     for run in range(5):
         rng = random.Random(run)
 
-        def noisy(base: float) -> triton.Config:
+        def noisy(base: float, rng: random.Random = rng) -> triton.Config:  # (this run's rng, when the hook runs)
             return costly(lambda nargs: base * (1 + rng.uniform(-0.003, 0.003)))
 
         configs = [triton.Config({"BLOCK": 32}, num_warps=4, pre_hook=noisy(1.003 * BIG)),

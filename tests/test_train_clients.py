@@ -1,4 +1,5 @@
-"""benchmarks/clients/train_loop.py on 2 gloo ranks (CPU, interpreter): the toy client through the four arms and the merge.
+"""benchmarks/clients/train_loop.py on 2 gloo ranks (CPU, interpreter): the toy client through the four arms
+and the merge.
 
 The toy's kernels compute the same values whatever their config, so every arm's losses and final parameters equal
 the fixed arm's bit for bit; no timing is asserted (interpreter host timings say nothing about the GPU runs).
@@ -67,7 +68,8 @@ def _median(xs: list[float]) -> float:
 def test_every_arm_records_every_step(runs):
     for arm, rec in runs["recs"].items():
         assert len(rec["step_s"]) == len(rec["losses"]) == STEPS, arm
-        assert all(t > 0 for t in rec["step_s"]) and rec["total"] == {"steps": STEPS, "s": pytest.approx(sum(rec["step_s"]))}
+        assert all(t > 0 for t in rec["step_s"]) and rec["total"] == {"steps": STEPS,
+                                                                      "s": pytest.approx(sum(rec["step_s"]))}
         assert rec["steady_ms"] > 0
         assert [len(r) for r in rec["params"]["per_rank"]] == [2, 2]  # x and s on each of the 2 ranks
 

@@ -32,7 +32,8 @@ def _check(rows: list[dict], steps: int) -> None:
 
 @pytest.mark.dist
 def test_training_loop_on_cpu_ranks(tmp_path):
-    rows = run_ranks(2, ["train_loop"], tmp_path, worker="train_worker.py", env_extra={"TRAIN_STEPS": "6"})["train_loop"]
+    rows = run_ranks(2, ["train_loop"], tmp_path, worker="train_worker.py",
+                     env_extra={"TRAIN_STEPS": "6"})["train_loop"]
     _check(rows, 6)
 
 

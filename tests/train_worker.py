@@ -13,8 +13,9 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,7 +26,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
 from mlp_kernels import matmul, matmul_kernel  # noqa: E402
-
 from tests.dist_worker import main  # noqa: E402
 from triton_ctx_tune import contextual_autotune  # noqa: E402
 
@@ -84,7 +84,8 @@ def _batches(step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
             for _ in range(2)]
 
 
-def train_step(model: Block, opt: torch.optim.Optimizer, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+def train_step(model: Block, opt: torch.optim.Optimizer, batches: list[tuple[torch.Tensor,
+                                                                             torch.Tensor]]) -> torch.Tensor:
     opt.zero_grad()
     total = torch.zeros((), device=DEVICE)
     for x, target in batches:  # gradient accumulation over micro-batches
@@ -132,8 +133,10 @@ def _arm(step_fn: Callable[..., torch.Tensor], pinned: Callable[[tuple], triton.
             if online and step_fn._online is not None:
                 first_tuned = step + 2  # the session goes on: the first call that runs every key tuned is later
         winners = {repr(k): str(v) for k, v in dict.items(matmul_kernel.cache)} if pinned is None else {}
-        return {"losses": torch.stack(losses).float().cpu(), "params": [p.detach().float().cpu() for p in model.parameters()],
-                "state": [opt.state[p][name].float().cpu() for p in model.parameters() for name in ("exp_avg", "exp_avg_sq")],
+        return {"losses": torch.stack(losses).float().cpu(),
+                "params": [p.detach().float().cpu() for p in model.parameters()],
+                "state": [opt.state[p][name].float().cpu() for p in model.parameters() for name in ("exp_avg",
+                                                                                                    "exp_avg_sq")],
                 "times": times, "winners": winners, "cache": dict(dict.items(matmul_kernel.cache)),
                 **_first_tuned(times, first_tuned if first_tuned <= STEPS else None)}
     finally:
@@ -155,7 +158,8 @@ def _first_tuned(times: list[float], call: int | None) -> dict[str, Any]:
 def _close(a: dict[str, Any], b: dict[str, Any], rtol: float) -> dict[str, bool]:
     def near(x: torch.Tensor, y: torch.Tensor) -> bool:
         return bool(torch.allclose(x, y, rtol=rtol, atol=rtol))
-    return {"losses": near(a["losses"], b["losses"]), "params": all(near(x, y) for x, y in zip(a["params"], b["params"])),
+    return {"losses": near(a["losses"], b["losses"]), "params": all(near(x, y) for x, y in zip(a["params"],
+                                                                                               b["params"])),
             "state": all(near(x, y) for x, y in zip(a["state"], b["state"]))}
 
 

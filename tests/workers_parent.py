@@ -33,9 +33,9 @@ from tests import kernels as K  # noqa: E402
 from tests import worker_kernels as W  # noqa: E402
 from tests.kernels import block_configs  # noqa: E402
 from triton_ctx_tune.compile import precompile as P  # noqa: E402
-from triton_ctx_tune.runtime.collectives import Collectives  # noqa: E402
 from triton_ctx_tune.compile.compile_workers import get_pool, start_compile_workers  # noqa: E402
 from triton_ctx_tune.engine.state import KeyState  # noqa: E402
+from triton_ctx_tune.runtime.collectives import Collectives  # noqa: E402
 
 P.load_binary = lambda kernel: None  # loading onto a GPU is the one step this machine cannot take
 CACHE = Path(os.environ["TRITON_CACHE_DIR"])

@@ -1,7 +1,8 @@
 """Error classes. Each message says what went wrong and how to fix it."""
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -227,7 +228,8 @@ class StateNotRestorableError(CtxTuneError):
     def __init__(self, function: str, why: str) -> None:
         super().__init__(
             f"{function}: this tuning call would re-execute the function, but {why}. The state is as it was "
-            "before the call (nothing was applied). Fix: raise snapshot_limit_mb= (or TRITON_CTX_TUNE_SNAPSHOT_LIMIT_MB), "
+            "before the call (nothing was applied). Fix: raise snapshot_limit_mb= "
+            "(or TRITON_CTX_TUNE_SNAPSHOT_LIMIT_MB), "
             "move the state-changing part (optimizer step, in-place updates of large tensors) out of the tuned "
             "function, or tune it once on a copy of the state before the real run.")
         self.function = function

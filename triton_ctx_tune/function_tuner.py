@@ -17,20 +17,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
-from .store import function_cache
-from .runtime import patch, resolver
 from .engine.call import Call
-from .runtime.compat import Autotuner, config_str
-from .runtime.collectives import require_process_group
-from .errors import InvalidOptionError, call_hook
-from .options import TuneOptions
 from .engine.search import PointTunable
 from .engine.session import CallStats, Session
+from .errors import InvalidOptionError, call_hook
+from .options import TuneOptions
+from .runtime import patch, resolver
+from .runtime.collectives import require_process_group
+from .runtime.compat import Autotuner, config_str
+from .store import function_cache
 from .tuner import ContextualAutotuner
 
 R = TypeVar("R")
@@ -109,7 +110,7 @@ class FunctionAutotuner(ContextualAutotuner[R]):
                                      "a space that keeps at least one point for these arguments (check prune_fn)")
         return list(space)
 
-    def _call(self, *args: Any, autotune: bool = True, autotune_verbose: bool = False,  # type: ignore[override]
+    def _call(self, *args: Any, autotune: bool = True, autotune_verbose: bool = False,
               autotune_allow_arg_overwrite: bool = False, autotune_pg: Any = None, **kwargs: Any) -> R:
         if autotune is not True or autotune_verbose is not False or autotune_allow_arg_overwrite is not False \
                 or autotune_pg is not None:  # the plain call pays one comparison per switch, nothing more
@@ -253,7 +254,8 @@ def _check_points(points: Any, what: str) -> list[dict[str, Any]]:
     except TypeError:  # not iterable at all (a number, None)
         listed = None
     if listed is None or not all(isinstance(p, dict) and all(isinstance(k, str) for k in p) for p in listed):
-        raise InvalidOptionError(what, points if listed is None else listed, "a list of dicts mapping keyword-argument names to values, "
+        raise InvalidOptionError(what, points if listed is None else listed,
+                                 "a list of dicts mapping keyword-argument names to values, "
                                  "e.g. [{'chunks': 2}, {'chunks': 4}]")
     return listed
 

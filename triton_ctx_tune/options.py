@@ -4,15 +4,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from .store.cache import resolve_dir
-from .runtime.buckets import Buckets, Rule
-from .store.shipped import ENV as CONFIG_PATH_ENV, ShippedConfigs, is_path_value
 # compile_workers owns its variable's parsing; options only reads it (imports run this way only).
 from .compile.compile_workers import default_workers, env_compile_workers, started_workers
 from .errors import InvalidOptionError, UnknownOptionError
+from .runtime.buckets import Buckets, Rule
+from .store.cache import resolve_dir
+from .store.shipped import ENV as CONFIG_PATH_ENV
+from .store.shipped import ShippedConfigs, is_path_value
 from .tools.logs import DEFAULT_LOG_DIR
 
 REDUCTIONS = ("max", "mean")
@@ -148,7 +150,8 @@ class TuneOptions:
     # Directories of tuned-config files shipped with a library (`cache export --ship`), searched on a
     # cache miss before tuning: user cache > shipped file > tune. A directory, or a list of them, in
     # order. None: TRITON_CTX_TUNE_CONFIG_PATH (os.pathsep-separated), else none. Off with the cache.
-    config_path: str | os.PathLike[str] | list[str | os.PathLike[str]] | tuple[str | os.PathLike[str], ...] | None = None
+    config_path: (str | os.PathLike[str] | list[str | os.PathLike[str]] | tuple[str | os.PathLike[str], ...]
+                  | None) = None
     early_stop: float | bool | None = None  # None: TRITON_CTX_TUNE_EARLY_STOP or 1.5; False: off
     precompile: bool | None = None  # None: TRITON_CTX_TUNE_PRECOMPILE, on unless it is 0
     compile_threads: int | None = None  # None: cores / local ranks, at most 32
@@ -243,7 +246,8 @@ class TuneOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_bucketing", None if self.buckets is None else Buckets(self.buckets))
         if self.freeze is not None and not isinstance(self.freeze, bool):
-            raise InvalidOptionError("freeze", self.freeze, "True, False or None (None: TRITON_CTX_TUNE_FREEZE decides)")
+            raise InvalidOptionError("freeze", self.freeze,
+                                     "True, False or None (None: TRITON_CTX_TUNE_FREEZE decides)")
         if self.split_screening is not None and not isinstance(self.split_screening, bool):
             raise InvalidOptionError("split_screening", self.split_screening, "True, False or None (None: "
                                      "TRITON_CTX_TUNE_SPLIT_SCREENING decides, on unless it is 0)")
@@ -305,10 +309,12 @@ class TuneOptions:
         if self.precompile is not None and not isinstance(self.precompile, bool):
             raise InvalidOptionError("precompile", self.precompile, "True, False or None")
         if self.compile_threads is not None and (isinstance(self.compile_threads, bool)
-                                                 or not isinstance(self.compile_threads, int) or self.compile_threads < 1):
+                                                 or not isinstance(self.compile_threads, int)
+                                                 or self.compile_threads < 1):
             raise InvalidOptionError("compile_threads", self.compile_threads, "an int >= 1, or None for the default")
         if self.compile_workers is not None and (isinstance(self.compile_workers, bool)
-                                                 or not isinstance(self.compile_workers, int) or self.compile_workers < 0):
+                                                 or not isinstance(self.compile_workers, int)
+                                                 or self.compile_workers < 0):
             raise InvalidOptionError("compile_workers", self.compile_workers,
                                      "an int >= 0 (0: compile on threads only), or None for the default")
         if self.compile_timeout_s is not None and (isinstance(self.compile_timeout_s, bool) or not isinstance(
@@ -361,7 +367,9 @@ class TuneOptions:
         return _env_flag("TRITON_CTX_TUNE_QUIET") if self.quiet is None else bool(self.quiet)
 
     def resolved_timeout(self) -> float:
-        return _env_float("TRITON_CTX_TUNE_TIMEOUT", DEFAULT_TIMEOUT_S) if self.timeout_s is None else float(self.timeout_s)
+        if self.timeout_s is None:
+            return _env_float("TRITON_CTX_TUNE_TIMEOUT", DEFAULT_TIMEOUT_S)
+        return float(self.timeout_s)
 
     def resolved_compile_timeout(self) -> float:
         if self.compile_timeout_s is not None:

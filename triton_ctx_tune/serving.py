@@ -15,20 +15,20 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
 from .errors import InvalidOptionError, UserHookError, call_hook
+from .options import TuneOptions
 from .runtime.collectives import Collectives
 from .runtime.compat import interpret_mode
 from .runtime.devices import peak
-from .store.cache import read_entry, write_entry, CacheEntryError
-from .options import TuneOptions
+from .store.cache import CacheEntryError, read_entry, write_entry
 from .tools.logs import RankLog, ahead_table
-
 
 
 class ContextualAutotuner(Protocol):
@@ -54,7 +54,8 @@ class AheadRow:
     call_ms: float | None  # median warm call, synchronized
     tflops: float | None = None
     gbps: float | None = None
-    peak_fraction: float | None = None  # of the device's dense bf16 TFLOP/s or its memory bandwidth, whichever is nearer
+    # of the device's dense bf16 TFLOP/s or its memory bandwidth, whichever is nearer
+    peak_fraction: float | None = None
 
 
 Inputs = tuple[tuple, dict[str, Any]]
@@ -154,7 +155,8 @@ def check_inputs(size: int, args: tuple, kwargs: dict[str, Any]) -> None:
         if isinstance(value, int) and not isinstance(value, bool) and value == size:
             return
     raise UserHookError("inputs_for", f"built inputs for size {size} with no tensor dimension and no int argument "
-                        f"equal to {size} (shapes: {[tuple(v.shape) for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]})",
+                        f"equal to {size} (shapes: "
+                        f"{[tuple(v.shape) for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]})",
                         "make inputs_for(size) build the call's inputs for that size, e.g. "
                         "lambda M: (torch.randn(M, 4096, device='cuda'),)")
 

@@ -4,19 +4,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Sequence, TypeVar, overload
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import torch
 
 from .compile import compile_workers
+from .engine.call import Call
+from .engine.exactly_once import StateGuard, stop_unless_restorable
+from .engine.session import CallStats, Session
+from .errors import call_hook
+from .options import TuneOptions
 from .runtime import patch, resolver
 from .runtime.collectives import require_process_group
-from .engine.call import Call
 from .runtime.compat import explain_error
-from .errors import call_hook
-from .engine.exactly_once import StateGuard, stop_unless_restorable
-from .options import TuneOptions
-from .engine.session import CallStats, Session
 
 if TYPE_CHECKING:
     from .serving import AheadRow

@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
 # ---- simple GLA with a per-head data-independent decay (g_gamma) -----------------------------------
 #
 # Layout [B, T, H, K] for q and k, [B, T, H, V] for v (FLA 0.6.0's only layout), g_gamma [H] a log decay.

@@ -30,8 +30,9 @@ import socket
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -71,7 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="ours: start the compile workers' zygote when the job starts, as decorating the step at "
                         "import would (the harness decorates it just before its first call)")
     p.add_argument("--profile", metavar="DIR",
-                   help="sample every thread's stack during each client's first call on rank 0: DIR/<client>.txt, also printed")
+                   help="sample every thread's stack during each client's first call on rank 0: DIR/<client>.txt, "
+                   "also printed")
     p.add_argument("--small", action="store_true", help="tiny shapes (a quick functional run, not the benchmark)")
     p.add_argument("--step-iters", type=int, default=10, help="timed steady-state steps per client (default 10)")
     p.add_argument("--keep-triton-cache", action="store_true",
@@ -185,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_arm(args: argparse.Namespace, runner: Any = None) -> int:
     """One arm's job: the environment and Triton cache directory, then run_job; the directory this script made is
-    removed at the end. `runner(args, ranks, specs, cache)` runs the clients (default run; train_loop.py has its own)."""
+    removed at the end. `runner(args, ranks, specs, cache)` runs the clients (default run; train_loop.py has its
+    own)."""
     cache = setup_env(args.arm)
     try:
         return run_job(args, cache, runner or run)
@@ -246,7 +249,8 @@ def run(args: argparse.Namespace, ranks: Any, specs: list[Any], cache: dict[str,
                     early_workers=args.early_workers)
     records = run_specs(
         args, ranks, specs, out, meta, heading=lambda spec: spec.summary,
-        one=lambda spec, ctx, all_modules: run_client(spec, ctx, args, all_modules, out.parent / "ctx_logs" / spec.name),
+        one=lambda spec, ctx, all_modules: run_client(spec, ctx, args, all_modules,
+                                                      out.parent / "ctx_logs" / spec.name),
         describe=lambda rec: (f"first call {rec['first_call']['wall_s']:.2f} s, {rec['first_call']['executions']} "
                               f"executions, worst error {rec['first_call']['errors']['worst']:.2e}"))
     if ranks.rank == 0:

@@ -11,8 +11,9 @@ import contextlib
 import io
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -62,8 +63,8 @@ def check_simple_gla_forms() -> None:
     for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
         for label, g in (("retnet decays", None), ("decays 0.99/0.6/0.007", torch.tensor([-0.01, -0.5, -5.0]))):
             qkv, g_gamma, probe = _gla_inputs(dtype, g_gamma=g)
-            par = _grads(lambda q, k, v: ref.simple_gla_parallel(q, k, v, g_gamma), qkv, probe)
-            rec = _grads(lambda q, k, v: ref.simple_gla_recurrent(q, k, v, g_gamma), qkv, probe)
+            par = _grads(lambda q, k, v, g_gamma=g_gamma: ref.simple_gla_parallel(q, k, v, g_gamma), qkv, probe)
+            rec = _grads(lambda q, k, v, g_gamma=g_gamma: ref.simple_gla_recurrent(q, k, v, g_gamma), qkv, probe)
             for what, a, b in zip(("o", "dq", "dk", "dv"), par, rec):
                 check(f"simple GLA parallel vs recurrent, {str(dtype)[6:]}, {label}: {what}", a, b, tol)
     # A custom scale must reach both forms the same way.

@@ -27,7 +27,8 @@ def row(rec: dict[str, Any]) -> list[str]:
 
 
 def table_lines(records: list[dict[str, Any]]) -> list[str]:
-    return format_table(list(COLUMNS), [row(r) for r in sorted(records, key=lambda r: (r["client"], r["arm"] != "plain"))])
+    return format_table(list(COLUMNS), [row(r) for r in sorted(records, key=lambda r: (r["client"],
+                                                                                       r["arm"] != "plain"))])
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> list[str]:

@@ -32,8 +32,9 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from run_clients import CLIENT_MODULES, ROOT, job_meta, run_arm, run_specs, setup_paths
 
@@ -336,7 +337,8 @@ def merge(paths: list[str], out: str | None) -> int:
           f"fixed's total; steady = median of "
           f"the last {STEADY_STEPS} steps; steps are the slowest\n  rank's, synchronized; loss = rank 0's step output "
           f"(a scalar's value, a tensor's RMS); params = fixed: every rank's final\n  tensors bit for bit / within "
-          f"{PARAM_RTOL:g} relative (strided sample and norm; worst in brackets); executions of reexec's\n  first call, "
+          f"{PARAM_RTOL:g} relative (strided sample and norm; worst in brackets); "
+          f"executions of reexec's\n  first call, "
           "calls online took to decide every key", flush=True)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)

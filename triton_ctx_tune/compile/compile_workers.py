@@ -39,9 +39,15 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ..runtime.compat import (LaunchSpec, compile_described, compile_target, config_failure_reason, prime_compiler_hash,
-                     use_compile_only_driver)
 from ..errors import InvalidOptionError
+from ..runtime.compat import (
+    LaunchSpec,
+    compile_described,
+    compile_target,
+    config_failure_reason,
+    prime_compiler_hash,
+    use_compile_only_driver,
+)
 
 # Seconds a new worker may take to import torch, triton and this package before it is given up on.
 BOOT_TIMEOUT_S = 300.0
@@ -302,16 +308,17 @@ class WorkerPool:
                     worker.kill()
             self._cond.notify_all()
 
-    def _acquire(self) -> _Worker | None:
-        """An idle worker, waiting for one while any has started; None while none has (compile here instead)."""
+    def _acquire(self) -> tuple[_Worker, int] | None:
+        """An idle worker and its pid, waiting for one while any has started; None while none has (compile here
+        instead)."""
         with self._cond:
             while True:
                 if self._closed:
                     return None
                 for w in self._workers:
-                    if w.state == "idle":
+                    if w.state == "idle" and w.pid is not None:  # (idle: it booted, so it has a pid)
                         w.state = "busy"
-                        return w
+                        return w, w.pid
                 if not any(w.state == "busy" for w in self._workers):
                     return None
                 self._cond.wait()
@@ -331,31 +338,32 @@ class WorkerPool:
         import or compile it for a reason that is not the config's): then the caller compiles it itself."""
         if spec.module in self.unusable:
             return None
-        worker = self._acquire()
-        while worker is not None and worker.pid is not None and self.zygote.exit_code(worker.pid) is not None:
-            self._release(worker, replace=True)  # died while idle (killed from outside): not this config's fault
-            worker = self._acquire()
-        if worker is None:
+        acquired = self._acquire()
+        while acquired is not None and self.zygote.exit_code(acquired[1]) is not None:
+            self._release(acquired[0], replace=True)  # died while idle (killed from outside): not this config's fault
+            acquired = self._acquire()
+        if acquired is None:
             return None
+        worker, pid = acquired
         try:
             worker.conn.send(spec)
             answered = worker.conn.poll(None if math.isinf(timeout_s) else max(timeout_s, 0.0))
             kind, text = worker.conn.recv() if answered else ("timeout", "")
         except (EOFError, OSError):
-            code = self.zygote.exit_code(worker.pid, timeout_s=5.0) if worker.pid is not None else None
+            code = self.zygote.exit_code(pid, timeout_s=5.0)
             self._release(worker, replace=True)
             return Outcome(f"compile worker crashed: its process ended with {_exit_text(code)} while compiling this "
-                           "config (a crash in Triton's compiler); the worker was replaced", worker.pid)
+                           "config (a crash in Triton's compiler); the worker was replaced", pid)
         if kind == "timeout":
             self._release(worker, replace=True)  # killed with its ptxas, not abandoned like a thread
             return Outcome(f"compile timeout: compiling this config took longer than {timeout_s:g} s, so its "
                            "compile worker was killed (raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT "
-                           "if it is just slow)", worker.pid)
+                           "if it is just slow)", pid)
         self._release(worker, replace=False)
         if kind == "error":
             self.unusable.setdefault(spec.module, text)  # it could not import or find the kernel: nor will it later
             return None
-        return Outcome(text if kind == "failure" else None, worker.pid)
+        return Outcome(text if kind == "failure" else None, pid)
 
     def close(self) -> None:
         """Ask every worker to exit, then kill what is left after a short wait: never hangs the exit."""
@@ -566,7 +574,7 @@ def _worker(fd: int) -> None:
             try:
                 compile_described(spec)
                 reply: tuple[str, str] = ("ok", "")
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 (whatever failed, the worker reports it and takes the next)
                 reason = config_failure_reason(e)
                 reply = ("failure", reason) if reason is not None else ("error", f"{type(e).__name__}: {e}")
             conn.send(reply)

@@ -39,16 +39,25 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
-from ..runtime.collectives import Collectives
-from ..runtime.compat import (compile_only, config_failure_reason, describe_compile, interpret_mode, kernel_modules, load_binary,
-                     prime_compiler_hash, prime_interpreter)
-from .compile_workers import WorkerPool, get_pool
 from ..engine.state import KeyState
+from ..runtime.collectives import Collectives
+from ..runtime.compat import (
+    compile_only,
+    config_failure_reason,
+    describe_compile,
+    interpret_mode,
+    kernel_modules,
+    load_binary,
+    prime_compiler_hash,
+    prime_interpreter,
+)
+from .compile_workers import WorkerPool, get_pool
 
 # A thread that hands its config to a worker waits this much longer than compile_timeout_s, so that
 # a compile that hangs in the worker is ended by the worker's own limit, which kills it.
@@ -296,7 +305,7 @@ def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int, 
                 started[i] = time.monotonic()
             try:
                 outcome: tuple[bool, Any] = (True, work(i))
-            except BaseException as e:  # handed to the waiting thread, which re-raises it
+            except BaseException as e:  # noqa: BLE001 (handed to the waiting thread, which re-raises it)
                 outcome = (False, e)
             release()
             with lock:
@@ -384,7 +393,7 @@ class Precompiling:
         try:
             self._outcome = _compile(self.state, self.mine, self.args, self.kwargs, self.threads, self.timeout_s,
                                      self.pool, self.device, load=False, on_ready=self._on_ready)
-        except BaseException as e:  # re-raised by finish(), on the thread that owns the call
+        except BaseException as e:  # noqa: BLE001 (re-raised by finish(), on the thread that owns the call)
             self._error = e
         finally:
             with self._cond:

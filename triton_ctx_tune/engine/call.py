@@ -17,12 +17,20 @@ from typing import Any
 
 import torch
 
-from ..runtime.compat import (Autotuner, config_failure_reason, declared_writes, kernel_name, launch_cached, prune_configs, restores,
-                              tuning_key)
 from ..errors import EmptyConfigSpaceError, TuneDuringCaptureError
-from .exactly_once import StateGuard, paused
 from ..options import TuneOptions
+from ..runtime.compat import (
+    Autotuner,
+    config_failure_reason,
+    declared_writes,
+    kernel_name,
+    launch_cached,
+    prune_configs,
+    restores,
+    tuning_key,
+)
 from ..runtime.patch import original_run
+from .exactly_once import StateGuard, paused
 from .session import CallStats, Session
 
 _start_lock = threading.Lock()

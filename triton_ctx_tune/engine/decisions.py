@@ -10,15 +10,16 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..runtime.compat import config_str, notify_listener
 from ..errors import NoValidConfigError, NoValidPointError
+from ..runtime.compat import config_str, notify_listener
 from ..tools.logs import fmt_ms
-from .search import PointTunable
+from .search import AnyTunable, PointTunable
 from .state import CONFIRM_ROUNDS, Choice, KeyState, Tunable, close_candidates, screen, stable_winner
 
 # How rank 0's keep-mask marks a winner that a tie-break chose (1: the fastest, or a screening survivor).
@@ -49,7 +50,7 @@ class Decisions:
     def __init__(self, services: StepServices) -> None:
         self.services = services
 
-    def decide(self, finishing: list[Tunable]) -> None:
+    def decide(self, finishing: list[AnyTunable]) -> None:
         svc = self.services
         width = max(len(s.configs) for s in finishing)
         local = torch.full((len(finishing), width, 3), math.inf, dtype=torch.float64)
@@ -83,7 +84,7 @@ class Decisions:
                 else:
                     keep[i, choice.winner] = TIE_CODES[choice.tie_break]
         keep = svc.comm.broadcast_from_root(keep, "broadcast decisions")
-        for i, s in enumerate(finishing):
+        for i in range(len(finishing)):
             if not bool(keep[i].any()):
                 self._raise_no_valid_config(finishing, i)
         hold = svc.search.hold_screened_kernels()
@@ -200,8 +201,8 @@ class Decisions:
         pts.tuning_s = time.perf_counter() - pts.started
         kernels = svc.search.of_point(winner)
         for s in kernels:
-            if s.decided:  # other points may have put their own winners of the same key there
-                s.autotuner.cache[s.key] = s.configs[s.winner]  # type: ignore[index]
+            if s.winner is not None:  # decided: other points may have put their own winners of the same key there
+                s.autotuner.cache[s.key] = s.configs[s.winner]
             elif s.held is not None:
                 s.resume()
         svc.stats.point = dict(pts.configs[winner])
@@ -245,8 +246,10 @@ class Decisions:
         tie = "" if choice is None or how is None else (
             f"; tie-break ({how}) among configs {choice.ties} within {choice.band:.1%} of the fastest, "
             f"config#{choice.fastest} {fmt_ms(float(reduced[choice.fastest, 0]))}")
-        svc.log.write("decision", f"decision kernel={s.kernel} key={s.key!r} winner=config#{winner} {{{config_str(best)}}} "
-                      f"{fmt_ms(ms)} ({svc.opts.stat}, {over}){tie}; reduced=[{', '.join(f'{t:.4f}' for t in reduced[:, 0].tolist())}]",
+        svc.log.write("decision",
+                      f"decision kernel={s.kernel} key={s.key!r} winner=config#{winner} {{{config_str(best)}}} "
+                      f"{fmt_ms(ms)} ({svc.opts.stat}, {over}){tie}; "
+                      f"reduced=[{', '.join(f'{t:.4f}' for t in reduced[:, 0].tolist())}]",
                       kernel=s.kernel, key=list(s.key), point=s.point, end_to_end=s.end_to_end,
                       winner=winner, winner_config=config_str(best),
                       configs=[config_str(c) for c in s.configs], reduced=reduced[:, 0].tolist(),
@@ -290,7 +293,7 @@ class Decisions:
         return {"incremental": {"new": new, "anchors": anchors, "carried": carried, "carried_failed": failed,
                                 "removed": p.removed, "scale": s.scale}}
 
-    def _raise_no_valid_config(self, finishing: list[Tunable], i: int) -> None:
+    def _raise_no_valid_config(self, finishing: list[AnyTunable], i: int) -> None:
         svc = self.services
         # Every rank reaches this with the same broadcast winners, so the extra gather is safe.
         mine = {str(i): {str(c): r for c, r in s.failures.items()} for i, s in enumerate(finishing)}

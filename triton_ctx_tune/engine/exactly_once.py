@@ -29,8 +29,9 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook

@@ -12,16 +12,29 @@ from __future__ import annotations
 import ast
 import contextlib
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..compile import precompile
 from ..errors import CollectiveTimeoutError, EmptyConfigSpaceError
-from ..runtime.compat import (Autotuner, compile_only, config_failure_reason, config_str, kernel_name, launch_cached,
-                              launch_config, prune_configs, reset_before_final_launch, restores, tuning_key)
 from ..runtime.buckets import key_by_name, nearest
+from ..runtime.compat import (
+    Autotuner,
+    compile_only,
+    config_failure_reason,
+    config_str,
+    kernel_name,
+    launch_cached,
+    launch_config,
+    prune_configs,
+    reset_before_final_launch,
+    restores,
+    tuning_key,
+)
 from ..runtime.patch import original_run
+from ..runtime.timing import CudaGraphTimer
 from ..store.cache import Lookup, entry_id, identity
 from ..store.incremental import CARRIED_FAILURE
 from ..tools.logs import fmt_ms
@@ -105,7 +118,8 @@ class Executor:
             if pinned is not None:
                 return self._known(at, pinned, args, kwargs)
             in_space = self.search.points is not None
-            lookup = self.services.cache.lookup(at, key, configs) if self.services.cache is not None and not in_space else None
+            lookup = (self.services.cache.lookup(at, key, configs)
+                      if self.services.cache is not None and not in_space else None)
             if lookup is not None and lookup.hit:
                 self._cache_hit(at, key, configs, lookup)
                 return self._known(at, at.cache[key], args, kwargs)
@@ -120,8 +134,8 @@ class Executor:
             if lookup is not None:
                 self.misses[id(state)] = lookup
         self.launched.add(id(state))
-        if state.decided:
-            best = state.configs[state.winner]  # type: ignore[index]
+        if state.winner is not None:  # decided
+            best = state.configs[state.winner]
             if state.reset_pending and self.final:
                 state.reset_pending = False
                 reset_before_final_launch(at, best, args, kwargs)
@@ -193,14 +207,15 @@ class Executor:
         entry = lookup.entry  # only the rank that read it (rank 0) has it; the others log the winner alone
         ms = entry["timings"][lookup.winner]["ms"] if entry else None
         date = entry["tuned"]["date"] if entry else "earlier"
-        self.services.log.write("cache-hit", f"cache-hit kernel={kernel_name(at)} key={key!r} winner=config#{lookup.winner} "
+        self.services.log.write("cache-hit",
+                                f"cache-hit kernel={kernel_name(at)} key={key!r} winner=config#{lookup.winner} "
                        f"{{{config_str(best)}}} {fmt_ms(ms)} from {lookup.where}",
                        kernel=kernel_name(at), key=list(key), winner=lookup.winner, winner_config=config_str(best),
                        configs=[config_str(c) for c in configs], path=str(lookup.path), id=lookup.id,
                        entry=entry, source=lookup.source)
         self.services.progress.clear()
-        self.services.log.summary(f"{self.services.function}: {kernel_name(at)} key={key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
-                         f"(from the tuning cache, tuned {date})")
+        self.services.log.summary(f"{self.services.function}: {kernel_name(at)} key={key!r} -> {{{config_str(best)}}} "
+                                  f"{fmt_ms(ms)} (from the tuning cache, tuned {date})")
 
     def _frozen(self, at: Autotuner, key: tuple, configs: list, lookup: Lookup | None) -> Any:
         """freeze: a key with no tuned result runs the winner of the nearest tuned key of its kernel, else
@@ -222,7 +237,8 @@ class Executor:
         best = configs[index]
         at.cache[key] = best  # once per key and process: the miss is logged once
         self.stats.frozen.append((kernel_name(at), key))
-        source = f"the winner of the nearest tuned key {near_text}" if near_text else "the first config (no tuned key near it)"
+        source = (f"the winner of the nearest tuned key {near_text}" if near_text else
+                  "the first config (no tuned key near it)")
         fix = ("tune it: run a call with this shape with freeze off (TRITON_CTX_TUNE_FREEZE=0), or add the shape "
                "to tune_ahead's sizes")
         self.services.ensure_header()
@@ -242,7 +258,8 @@ class Executor:
         comm = self.services.comm
         # Split screening needs launches timed alone (a whole step's time would mix the ranks' configs
         # through their collectives) and no function-level space (its points hold kernels' survivors).
-        split = self.opts.resolved_split_screening() and comm.active and not end_to_end and self.assignment.point is None
+        split = (self.opts.resolved_split_screening() and comm.active and not end_to_end
+                 and self.assignment.point is None)
         state = KeyState(autotuner=at, key=key, configs=configs, n_warmup=self.opts.n_warmup,
                          n_repeat=self.opts.n_repeat, kernel=kernel_name(at), early_stop=self.services.early_stop,
                          point=self.assignment.point, end_to_end=end_to_end,
@@ -310,8 +327,9 @@ class Executor:
                            f"{sorted(skipped)}: they killed a process while they ran", kernel=state.kernel,
                            key=list(state.key), configs={str(i): r for i, r in skipped.items()})
             self.services.progress.clear()
-            self.services.log.summary(f"{self.services.function}: {state.kernel} key={state.key!r}: skipping quarantined configs "
-                             + "; ".join(f"#{i} ({r})" for i, r in sorted(skipped.items())))
+            self.services.log.summary(f"{self.services.function}: {state.kernel} key={state.key!r}: skipping "
+                                      "quarantined configs "
+                                      + "; ".join(f"#{i} ({r})" for i, r in sorted(skipped.items())))
 
     def _run_slot(self, state: KeyState, args: tuple, kwargs: dict[str, Any]) -> Any:
         slot = state.take_slot()
@@ -322,18 +340,19 @@ class Executor:
         elif slot is not None:
             if slot.timed and not state.overlapped:  # no stream is ever noted without CUDA: then always False
                 state.overlapped = self.services.overlapping()
-            replay = slot.timed and self.services.timer.kind == "cuda-graph"
-            token = self.services.timer.start(flush=True) if slot.timed and not replay else None
+            timer = self.services.timer
+            graph = timer if slot.timed and isinstance(timer, CudaGraphTimer) else None  # it times replays
+            token = timer.start(flush=True) if slot.timed and graph is None else None
             config = state.configs[slot.config]
 
-            def launch() -> tuple[Any, Any]:  # the end event is recorded before any synchronize
+            def launch() -> tuple[Any, Callable[[], float] | None]:  # the end event is recorded before any synchronize
                 out = self._run_config(state.autotuner, config, args, kwargs)
-                return out, self.services.timer.stop(token) if token is not None else None
+                return out, timer.stop(token) if token is not None else None
 
             ok, out = self._launch_noted(state, slot.config, launch)
             result, stop = out if ok else (None, None)
-            if ok and replay:
-                ok, out = self._try(state, slot.config, lambda: self.services.timer.measure(  # type: ignore[union-attr]
+            if ok and graph is not None:
+                ok, out = self._try(state, slot.config, lambda: graph.measure(
                     lambda a: launch_config(state.autotuner, config, a, kwargs), args))
             if not ok:
                 record.failure = out
@@ -341,15 +360,18 @@ class Executor:
                 state.works.add(slot.config)
                 record.ran = slot.config
                 if slot.timed:
-                    record.sample = out if replay else stop
-                    state.samples[slot.config].append(record.sample)
+                    sample = out if graph is not None else stop
+                    assert sample is not None  # timed and not replayed: launch() stopped the span it started
+                    record.sample = sample
+                    state.samples[slot.config].append(sample)
                 return result
         return self._fallback(state, record, args, kwargs)
 
     def _try_launch(self, state: KeyState, index: int, args: tuple, kwargs: dict[str, Any]) -> tuple[bool, Any]:
         """Launch config `index`: (True, its return value), or (False, the reason) if the config cannot
         run here, which also marks it failed. Any other exception is the user's and propagates."""
-        return self._launch_noted(state, index, lambda: self._run_config(state.autotuner, state.configs[index], args, kwargs))
+        return self._launch_noted(state, index, lambda: self._run_config(state.autotuner, state.configs[index], args,
+                                                                         kwargs))
 
     def _run_config(self, at: Autotuner, config: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         """A slot's launch: with Triton's benchmarking hooks, unless the call is online (it runs once)."""

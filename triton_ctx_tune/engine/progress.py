@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def steps_left(remaining_and_per_step: Iterable[tuple[int, int]]) -> int:

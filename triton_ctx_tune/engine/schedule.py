@@ -24,12 +24,12 @@ length, with the same warm-up positions (state.py), so "ran out" is the same fac
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .search import Assignment, Search
 from .state import KeyState, Tunable
-
 
 # Tests only (tests/test_schedule.py): skip_step_end(function, rank, step) -> True makes this rank skip that
 # step's end, as a rank whose schedule diverged would. None in every real run.

@@ -39,12 +39,16 @@ class PointTunable(Tunable):
         return self.n_warmup
 
 
+# Every Tunable is one of these two: a test on one narrows to the other.
+AnyTunable = KeyState | PointTunable
+
+
 @dataclass
 class Assignment:
     """What one step runs: the function's point, and which end-to-end tunable it measures with which config."""
     point: int | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
-    measured: Tunable | None = None
+    measured: AnyTunable | None = None
     config: int | None = None
     timed: bool = False  # a timed slot of `measured` (else a warm-up slot, or nothing measured)
     reference: bool = False  # every key on its known-good config: the result is validation's reference
@@ -101,9 +105,9 @@ class Search:
         final = None if pts is None else pts.winner
         return all(s.decided for s in self.of_point(final))
 
-    def finishing(self) -> list[Tunable]:
+    def finishing(self) -> list[AnyTunable]:
         """The tunables whose planned slots have all run: the step's end decides them."""
-        out: list[Tunable] = [s for s in self.kernels.values() if not s.settled and s.exhausted]
+        out: list[AnyTunable] = [s for s in self.kernels.values() if not s.settled and s.exhausted]
         if self.points is not None and not self.points.decided and self.points.exhausted:
             out.append(self.points)
         return out

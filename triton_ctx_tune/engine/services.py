@@ -9,22 +9,23 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from ..runtime import streams
 from ..runtime.collectives import Collectives
-from ..runtime.timing import CudaEventTimer, HostTimer, make_timer
+from ..runtime.timing import Timer, make_timer
 from ..store.cache import TuningCache, resolve_dir
 from ..store.quarantine import Quarantine
 from ..tools.logs import RankLog
 from .progress import Progress
 
 if TYPE_CHECKING:
-    from ..store.cache import Lookup
     from ..options import TuneOptions
+    from ..store.cache import Lookup
     from .search import Assignment, Search
     from .state import KeyState
 
@@ -60,7 +61,7 @@ class CallServices:
                        doing=h["doing"], shape=h["shape"])
 
     @functools.cached_property
-    def timer(self) -> HostTimer | CudaEventTimer:
+    def timer(self) -> Timer:
         return make_timer(self.opts.flush_l2, self.opts.cuda_graph)
 
     @functools.cached_property
@@ -105,8 +106,9 @@ class CallServices:
               exc: BaseException | None = None) -> None:
         """Release what was built, and log the call's end if anything was logged."""
         self._unwatch()
-        if self.__dict__.get("quarantine") is not None:
-            self.quarantine.close()
+        quarantine: Quarantine | None = self.__dict__.get("quarantine")  # (only if it was built)
+        if quarantine is not None:
+            quarantine.close()
         if "progress" in self.__dict__:
             self.progress.clear()
         stats.wall_s = time.perf_counter() - started

@@ -11,18 +11,18 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from ..errors import (CollectiveTimeoutError, CtxTuneError, NoValidPointError, RankMismatchError,
-                      ScheduleMismatchError)
+from ..errors import CollectiveTimeoutError, CtxTuneError, NoValidPointError, RankMismatchError, ScheduleMismatchError
 from ..options import TuneOptions
 from ..runtime.collectives import Collectives
 from ..tools.logs import RankLog, fmt_ms
+from . import schedule
 from .decisions import Decisions, TunedKey, plain_point
 from .executor import Executor
 from .progress import steps_left
-from . import schedule
 from .schedule import StepEnd, StepReport
 from .search import Assignment, PointTunable, Search
 from .services import CallServices, StepServices
@@ -270,8 +270,9 @@ class Session:
 
     def note_online_call(self, wall_s: float, decided_before: set[int]) -> None:
         """Log one call of an online session: what it cost and what it advanced (report.py sums them)."""
-        keys = [{"kernel": s.kernel, "key": list(s.key), "slots": s.next_slot - self._slot_marks.get(id(s), 0)}
-                for s in self.search.kernels.values() if id(s) in self.executor.launched]
+        keys: list[dict[str, Any]] = [
+            {"kernel": s.kernel, "key": list(s.key), "slots": s.next_slot - self._slot_marks.get(id(s), 0)}
+            for s in self.search.kernels.values() if id(s) in self.executor.launched]
         decided = [{"kernel": s.kernel, "key": list(s.key)} for s in self.search.kernels.values()
                    if s.decided and id(s) not in decided_before]
         self.ensure_header()
@@ -292,7 +293,7 @@ class Session:
             m.works.add(slot.config)
             m.samples[slot.config] += [functools.partial(float, v) for v in ms]
         what = (f"point#{slot.config} {a.kwargs}" if isinstance(m, PointTunable)
-                else f"kernel={m.kernel} key={m.key!r} config#{slot.config}")  # type: ignore[attr-defined]
+                else f"kernel={m.kernel} key={m.key!r} config#{slot.config}")
         result = (f"FAILED {m.failures[slot.config]}" if not ok else
                   " ".join(fmt_ms(v) for v in ms) if slot.timed and ms else "-")
         self.log.write("step", f"step {self.stats.executions} end-to-end {what} iter={slot.iteration} "

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from ..runtime.compat import Autotuner, Config, config_str
 from ..store.incremental import Plan
@@ -95,13 +96,14 @@ class Tunable:
         self.screening = self.early_stop is not None and self.n_repeat > 1
         first = (self.screening_warmups(), 1) if self.screening else (self.n_warmup, self.n_repeat)
         pool = [c for c in range(len(self.configs)) if c not in self.carried]
-        self.split = self.screening and self.share is not None and self.share[1] > 1 and len(pool) > 1
-        if not self.split:
+        share = self.share if self.screening and len(pool) > 1 else None
+        self.split = share is not None and share[1] > 1
+        if share is None or not self.split:
             self._extend(pool, *first)
             return
         # Rank r screens configs r, r+W, ...; a rank with a smaller share runs untimed launches of a config
         # it has, so every rank takes the same number of slots and the executions stay in lockstep.
-        rank, world = self.share  # type: ignore[misc]
+        rank, world = share
         mine = pool[rank::world]
         self._extend(mine, *first)
         # Padding mirrors a share's shape (warm-ups, then one place for a sample) with untimed launches of a
@@ -284,7 +286,8 @@ def summarize(values: list[float], stat: str) -> tuple[float, float, float]:
     import numpy as np
 
     arr = np.asarray(values, dtype=np.float64)
-    central = {"median": np.median, "mean": np.mean, "min": np.min}[stat](arr)
+    reducers: dict[str, Callable[[np.ndarray], Any]] = {"median": np.median, "mean": np.mean, "min": np.min}
+    central = reducers[stat](arr)
     q20, q80 = np.quantile(arr, [0.2, 0.8])
     return float(central), float(q20), float(q80)
 
@@ -316,7 +319,8 @@ class Choice:
     tie_break: str | None  # None: the fastest won; "incumbent" or "config order": it decided
 
 
-def stable_winner(times: list[float], q20: list[float], q80: list[float], incumbent: int | None = None) -> Choice | None:
+def stable_winner(times: list[float], q20: list[float], q80: list[float],
+                  incumbent: int | None = None) -> Choice | None:
     """The winner among near-ties: the incumbent (the last winner of this kernel and key) if it is in the
     band, else the first in the config list; None when no config has a finite time."""
     fastest = pick_winner(times)

@@ -12,14 +12,15 @@ session's side: what each step checked, the verdict shared by every rank, and th
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..errors import NothingToValidateError, call_hook
 from ..runtime.compat import config_str
 from .decisions import plain_point
-from ..errors import NothingToValidateError, call_hook
 
 if TYPE_CHECKING:
     from .search import Assignment
@@ -91,7 +92,8 @@ class Validator:
         worst = Check(True)
         for g, w in zip(got, want):
             if g.shape != w.shape:
-                return Check(False, detail=f"a result tensor has shape {tuple(g.shape)}, the reference {tuple(w.shape)}")
+                return Check(False,
+                             detail=f"a result tensor has shape {tuple(g.shape)}, the reference {tuple(w.shape)}")
             c = self._compare(g, w)
             if not c.ok:
                 return c
@@ -166,7 +168,8 @@ class StepChecks:
         shared = svc.comm.share_failures(mine, len(pts.configs), "share point validation results")
         svc.ensure_header()
         ok = a.point not in shared
-        svc.log.write("validation", f"validation point#{a.point} {a.kwargs} " + ("ok" if ok else f"INVALID {shared[a.point]}"),
+        svc.log.write("validation",
+                      f"validation point#{a.point} {a.kwargs} " + ("ok" if ok else f"INVALID {shared[a.point]}"),
                       kind="point", point=a.point, kwargs=plain_point(a.kwargs), ok=ok, reason=shared.get(a.point),
                       mine=check.ok, max_abs=check.max_abs, max_rel=check.max_rel, mismatch_ratio=check.mismatch_ratio)
         if not ok:

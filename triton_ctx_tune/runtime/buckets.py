@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Any, Callable, Iterable, Mapping, Sequence, Union
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..errors import InvalidOptionError
 
-Rule = Union[str, Sequence[int], Callable[[int], int]]
+Rule = str | Sequence[int] | Callable[[int], int]
 RULE_NAMES = ("pow2",)
 _FIX = ('a dict mapping a key dimension\'s name to "pow2", a sorted list of ints (bucket edges), or a callable '
         'value -> bucket value, e.g. buckets={"M": "pow2"}')
@@ -90,7 +91,8 @@ class Buckets:
     def sizes(self, name: str, up_to: int) -> list[int]:
         """Every bucket of dimension `name` from 1 to `up_to`: the representatives tune-ahead tunes."""
         if name not in self._funcs:
-            raise InvalidOptionError("tune_ahead(dim=...)", name, f"one of the bucketed dimensions {sorted(self._funcs)}")
+            raise InvalidOptionError("tune_ahead(dim=...)", name,
+                                     f"one of the bucketed dimensions {sorted(self._funcs)}")
         if not _is_int(up_to) or up_to < 1:
             raise InvalidOptionError("tune_ahead(up_to=...)", up_to, "an int >= 1: the largest size to serve")
         return sorted({self.value(name, v) for v in range(1, up_to + 1)})
@@ -108,7 +110,8 @@ def _rule_function(name: str, rule: Rule) -> Callable[[int], int]:
             and all(a < b for a, b in zip(rule, rule[1:])):
         edges = list(rule)
         return lambda value: edges[min(bisect.bisect_left(edges, value), len(edges) - 1)]
-    raise InvalidOptionError("buckets", {name: rule}, _FIX + " (a list must be non-empty, of ints, strictly increasing)")
+    raise InvalidOptionError("buckets", {name: rule},
+                             _FIX + " (a list must be non-empty, of ints, strictly increasing)")
 
 
 def key_by_name(at: Any, key: tuple) -> dict[str, Any]:

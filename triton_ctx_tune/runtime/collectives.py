@@ -1,7 +1,8 @@
 """The tuner's own collectives, each bounded in time and checked against an agreed schedule.
 
-They run on a gloo group of the tuner's own (the user's group's ranks) with CPU tensors. Every helper is a no-op (it returns what a one-rank group would) when is_dist=False or
-torch.distributed is not initialized, so the single-process path has no special cases.
+They run on a gloo group of the tuner's own (the user's group's ranks) with CPU tensors. Every helper is a
+no-op (it returns what a one-rank group would) when is_dist=False or torch.distributed is not initialized, so
+the single-process path has no special cases.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import json
 import time
 import weakref
 import zlib
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -123,6 +125,7 @@ class Collectives:
         self.function = ""  # the tuned function's name: ranks in different functions' calls differ at once
         self.on_header: Callable[[dict[str, Any]], None] | None = None
         self.device = torch.device("cpu")
+        self._control: _Control | None = None
         if self.dist is None:
             self.rank, self.world, self.global_rank = 0, 1, 0
             return
@@ -130,7 +133,6 @@ class Collectives:
         self.rank = d.get_rank(group)
         self.world = d.get_world_size(group)
         self.global_rank = d.get_rank()
-        self._control: _Control | None = None
 
     @property
     def active(self) -> bool:
@@ -140,9 +142,14 @@ class Collectives:
         """Where the schedule is: the headers of the collectives that follow name it."""
         self.step, self.doing = step, doing
 
+    def _d(self) -> Any:
+        """torch.distributed, for what runs only when active (so with a process group)."""
+        assert self.dist is not None
+        return self.dist
+
     def _ctl(self) -> _Control:
         if self._control is None:
-            self._control = _control_for(self.dist, self.group, self.timeout_s, self.global_rank)
+            self._control = _control_for(self._d(), self.group, self.timeout_s, self.global_rank)
         return self._control
 
     def _group(self) -> Any:
@@ -162,7 +169,7 @@ class Collectives:
     def _raw_gather(self, t: torch.Tensor, what: str, timeout_s: float | None = None) -> torch.Tensor:
         t = t.contiguous()
         out = [torch.empty_like(t) for _ in range(self.world)]
-        self._wait(self.dist.all_gather(out, t, group=self._group(), async_op=True), what, timeout_s)
+        self._wait(self._d().all_gather(out, t, group=self._group(), async_op=True), what, timeout_s)
         return torch.stack(out)
 
     def _raw_gather_bytes(self, data: bytes, what: str) -> list[bytes]:
@@ -207,7 +214,8 @@ class Collectives:
             assert payload is not None
             data = rows[:, len(HEADER): len(HEADER) + numel].contiguous().view(payload.dtype)
             return data.reshape(self.world, *payload.shape)
-        views = [json.loads(b) for b in self._raw_gather_bytes(json.dumps(mine).encode(), "explain a schedule mismatch")]
+        views = [json.loads(b) for b in self._raw_gather_bytes(json.dumps(mine).encode(),
+                                                               "explain a schedule mismatch")]
         control.seq = max(int(head[:, 0].max()), control.seq)  # later collectives start from one count again
         raise ScheduleMismatchError(self.rank, views)
 
@@ -235,8 +243,9 @@ class Collectives:
         rows = self._guard("broadcast", what, t)
         if rows is not None:
             return rows[0].clone()  # (a small payload: every rank's rode in the header's gather; rank 0's counts)
-        root = self.dist.get_global_rank(self._group(), 0)
-        self._wait(self.dist.broadcast(t, src=root, group=self._group(), async_op=True), what)
+        d = self._d()
+        root = d.get_global_rank(self._group(), 0)
+        self._wait(d.broadcast(t, src=root, group=self._group(), async_op=True), what)
         return t
 
     def all_gather_bytes(self, data: bytes, what: str) -> list[bytes]:

@@ -12,18 +12,22 @@ import re
 import sys
 import textwrap
 import traceback
-from dataclasses import dataclass
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import triton
 from triton.compiler.errors import CompilationError, CompileTimeAssertionFailure
-from triton.runtime.autotuner import Autotuner, Config
+from triton.runtime.autotuner import Autotuner, Config, Heuristics
 from triton.runtime.errors import InterpreterError, OutOfResources, PTXASError
+from triton.runtime.interpreter import InterpretedFunction
 
 __all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "interpret_mode", "tuning_key",
-           "prune_configs", "RUN_LEAVES", "note_run", "launch_config", "launch_cached", "compile_only", "prime_compiler_hash", "prime_interpreter", "load_binary", "reset_before_final_launch", "config_failure_reason", "kernel_name", "JitInfo", "jit_info", "jit_function",
+           "prune_configs", "RUN_LEAVES", "note_run", "launch_config", "launch_cached", "compile_only",
+           "prime_compiler_hash", "prime_interpreter", "load_binary", "reset_before_final_launch",
+           "config_failure_reason", "kernel_name", "JitInfo", "jit_info", "jit_function",
            "inner_heuristics", "constexpr_value", "aggregate_members", "is_triton_builtin",
            "autotuner_definition", "autotuner_hooks", "explain_error", "interpreter_numpy_note",
            "config_to_dict", "config_str", "print_autotuning", "notify_listener", "LaunchSpec", "TensorStandIn",
@@ -287,8 +291,6 @@ try:  # 3.5+: the base of JITFunction and of tl.constexpr_function's ConstexprFu
     from triton.runtime.jit import JITCallable as _JitBase
 except ImportError:  # 3.4
     from triton.runtime.jit import JITFunction as _JitBase
-from triton.runtime.autotuner import Heuristics
-from triton.runtime.interpreter import InterpretedFunction
 
 _JIT_OPTIONS = ("noinline", "debug", "do_not_specialize", "do_not_specialize_on_alignment")
 
@@ -366,7 +368,8 @@ def aggregate_members(value: Any) -> tuple[str, list[tuple[str, Any]]] | None:
     if not getattr(value, "__triton_aggregate__", False):
         return None
     members = getattr(value, "hash_attrs", [])
-    return str(getattr(value, "__annotations__", {})), [(getattr(m, "__name__", str(i)), m) for i, m in enumerate(members)]
+    return (str(getattr(value, "__annotations__", {})),
+            [(getattr(m, "__name__", str(i)), m) for i, m in enumerate(members)])
 
 
 def is_triton_builtin(value: Any) -> bool:
@@ -516,7 +519,7 @@ def _module_attr(jit: Any, module_name: str) -> tuple[str, int] | None:
                 return name, hops
             try:
                 obj, hops = getattr(obj, "fn", None), hops + 1
-            except Exception:  # an unrelated attribute whose `fn` is a property that raises
+            except Exception:  # noqa: BLE001 (an unrelated attribute whose `fn` is a property that raises anything)
                 break
     return None  # built inside a function, kept in a dict: a fresh process cannot find it
 

@@ -25,13 +25,14 @@ import functools
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from contextvars import ContextVar, Token
-from typing import Any, Callable, Optional, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 
-from .compat import kernel_name, tuning_key
 from ..errors import InvalidOptionError, UnattributedLaunchWarning
+from .compat import kernel_name, tuning_key
 
 T = TypeVar("T")
 
@@ -57,7 +58,7 @@ class _Owner:
         self.call: TuningCall | None = None
 
 
-_current: ContextVar[Optional[TuningCall]] = ContextVar("triton_ctx_tune_call", default=None)
+_current: ContextVar[TuningCall | None] = ContextVar("triton_ctx_tune_call", default=None)
 _get = torch._C._get_obj_in_tls
 _has = torch._C._is_key_in_tls
 _local = threading.local()  # this thread's _Owner, without a trip through PyTorch's map

@@ -10,7 +10,8 @@ from the launch's stream) is not seen. Without CUDA (the interpreter) nothing is
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -9,7 +9,8 @@ takes when deployed under CUDA graphs, without the host's launch overhead.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
@@ -44,6 +45,18 @@ def _sleep_cycles_per_second() -> float:
         end.synchronize()
         rate = _sleep_rates[dev] = cycles / max(begin.elapsed_time(end) / 1e3, 1e-6)
     return rate
+
+
+class Timer(Protocol):
+    """What a tuning call uses of a timer. start()'s token (a host time, a CUDA event) is the timer's own:
+    only the same timer's stop() reads it, so its type is the one thing the protocol leaves open."""
+    kind: str
+
+    def start(self, flush: bool, head_start_s: float = 0.0) -> Any: ...
+
+    def stop(self, token: Any) -> Callable[[], float]: ...
+
+    def sync(self) -> None: ...
 
 
 class HostTimer:
@@ -125,7 +138,7 @@ class CudaGraphTimer(CudaEventTimer):
         return sample
 
 
-def make_timer(flush_l2: bool, cuda_graph: bool = False) -> HostTimer | CudaEventTimer:
+def make_timer(flush_l2: bool, cuda_graph: bool = False) -> Timer:
     if torch.cuda.is_available() and not interpret_mode():
         return CudaGraphTimer(flush_l2) if cuda_graph else CudaEventTimer(flush_l2)
     return HostTimer()  # TuneOptions refuses cuda_graph=True here

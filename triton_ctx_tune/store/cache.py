@@ -37,13 +37,15 @@ import re
 import socket
 import tempfile
 import warnings
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
 from .. import __version__
+from ..errors import CacheWarning, RankMismatchError
 from ..runtime.collectives import Collectives
 from ..runtime.compat import (
     TRITON_VERSION,
@@ -58,7 +60,6 @@ from ..runtime.compat import (
     jit_function,
     kernel_name,
 )
-from ..errors import CacheWarning, RankMismatchError
 from .fingerprint import callable_digest, kernel_code
 from .incremental import Plan, plan
 
@@ -219,7 +220,7 @@ def only_configs_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
 
 
 def _code_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    def by_name(code: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    def by_name(code: dict[str, Any]) -> dict[str | None, dict[str, Any]]:  # (None: an old entry's unnamed one)
         return {f.get("name"): f for f in code.get("functions") or [] if isinstance(f, dict)}
 
     before, after = by_name(old), by_name(new)
@@ -300,7 +301,8 @@ def make_entry(ident: dict[str, Any], configs: Sequence[Config], winner: int, re
             failure = f"no time on rank(s) {failed_ranks}"
         timings.append({"config": config_str(config), "ms": finite(reduced[j][0]), "q20": finite(reduced[j][1]),
                         "q80": finite(reduced[j][2]), "per_rank_ms": [finite(row[j]) for row in per_rank],
-                        "failure": failure, "failed_ranks": failed_ranks, **({"carried": True} if j in carried else {})})
+                        "failure": failure, "failed_ranks": failed_ranks,
+                        **({"carried": True} if j in carried else {})})
     now = datetime.datetime.now(datetime.timezone.utc)
     return {
         "format": FORMAT,
@@ -501,10 +503,10 @@ def closest_stale(candidates: Sequence[tuple[Path, dict[str, Any]]], ident: dict
     if not found:
         return None
     # Fewest changes, then one whose timings carry over, then the newest.
-    _, closest, reasons, won_config, old = min(found, key=lambda f: (len(f[2]), f[4] is None, f[0]))
+    _, closest, reasons, won_config, timed = min(found, key=lambda f: (len(f[2]), f[4] is None, f[0]))
     incremental = None
-    if old is not None and configs is not None:
-        incremental = plan(old["timings"], won_config, [config_str(c) for c in configs], ident["world"])
+    if timed is not None and configs is not None:
+        incremental = plan(timed["timings"], won_config, [config_str(c) for c in configs], ident["world"])
     return Stale(closest, reasons, len(found) - 1, won_config, source, incremental)
 
 
@@ -587,13 +589,16 @@ class TuningCache:
                 groups: dict[bytes, list[int]] = {}
                 for rank, text in enumerate(differing):
                     groups.setdefault(text, []).append(rank)
-                raise RankMismatchError("\n".join(f"  ranks {ranks}: {text.decode()}" for text, ranks in groups.items()))
+                raise RankMismatchError("\n".join(f"  ranks {ranks}: {text.decode()}"
+                                                  for text, ranks in groups.items()))
             hit, winner, removed = bool(answers[0, 0]), int(answers[0, 1]), int(answers[0, 2])  # rank 0's answer
             if not self.reads_and_writes:
                 source = "shipped" if int(answers[0, 0]) == 2 else "cache"
             if removed >= 0:  # every rank plans the same slots: rank 0's plan, whole
-                mine = incremental.to_tensor() if incremental is not None else Plan.blank_tensor(len(configs), ident["world"])
-                incremental = Plan.from_tensor(self.comm.broadcast_from_root(mine, "broadcast the incremental plan"), removed)
+                mine = (incremental.to_tensor() if incremental is not None
+                        else Plan.blank_tensor(len(configs), ident["world"]))
+                incremental = Plan.from_tensor(self.comm.broadcast_from_root(mine, "broadcast the incremental plan"),
+                                               removed)
         return Lookup(ident, eid, path, hit, winner, entry, stale, source, incremental)
 
     def neighbours(self, ident: dict[str, Any]) -> dict[str, str]:

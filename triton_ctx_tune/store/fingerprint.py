@@ -19,7 +19,8 @@ import builtins
 import functools
 import hashlib
 import types
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from ..runtime.compat import aggregate_members, constexpr_value, is_triton_builtin, jit_info
 
@@ -63,7 +64,7 @@ def _describe(obj: Any, depth: int) -> Any:
                 _describe(obj.__defaults__, depth + 1), _describe(obj.__kwdefaults__, depth + 1), cells)
     if isinstance(obj, (types.BuiltinFunctionType, type)):
         return ("named", _qualname(obj))
-    call = getattr(type(obj), "__call__", None)
+    call = getattr(type(obj), "__call__", None)  # noqa: B004 (not a callable() test: the class's __call__, described)
     if isinstance(call, types.FunctionType):  # an instance of a class with __call__
         return ("instance", _qualname(type(obj)), _describe(call, depth + 1))
     return ("type", _qualname(type(obj)))

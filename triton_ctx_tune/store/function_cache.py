@@ -15,18 +15,27 @@ from __future__ import annotations
 import datetime
 import json
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
 from .. import __version__
-from .cache import (_jsonable, canonical, device_arch, device_identity, entry_filename, entry_id, stale_event,
-                    write_json_atomically)
+from ..errors import CacheWarning, RankMismatchError
 from ..runtime.collectives import Collectives
 from ..runtime.compat import TRITON_VERSION
-from ..errors import CacheWarning, RankMismatchError
+from .cache import (
+    _jsonable,
+    canonical,
+    device_arch,
+    device_identity,
+    entry_filename,
+    entry_id,
+    stale_event,
+    write_json_atomically,
+)
 from .fingerprint import callable_digest
 from .shipped import ShippedConfigs
 

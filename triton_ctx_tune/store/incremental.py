@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -93,8 +94,11 @@ class Plan:
 
     def carried_times(self, scale: float) -> dict[int, tuple[tuple[float, float, float], list[float]]]:
         """Each carried config's old (ms, q20, q80) and per-rank ms, put on the new runs' scale."""
-        return {j: (tuple(x * scale for x in self.old[j]), [x * scale for x in self.old_per_rank[j]])  # type: ignore[misc]
-                for j in self.carried}
+        out: dict[int, tuple[tuple[float, float, float], list[float]]] = {}
+        for j in self.carried:
+            ms, q20, q80 = self.old[j]
+            out[j] = ((ms * scale, q20 * scale, q80 * scale), [x * scale for x in self.old_per_rank[j]])
+        return out
 
     # ---- to every rank: one float64 tensor [configs, 4 + world] (role, ms, q20, q80, per-rank ms...)
 
@@ -126,14 +130,14 @@ def plan(old_timings: Sequence[dict[str, Any]], old_winner: str | None, live: Se
     anchor_texts = set(fastest) | ({old_winner} if old_winner in kept else set())
     roles, old, per_rank = [], [], []
     for c in live:
-        t = by_text.get(c)
-        if t is None:
+        found = by_text.get(c)
+        if found is None:
             roles.append(NEW)
         elif c not in timed_before:
             roles.append(CARRIED_FAILED)
         else:
             roles.append(ANCHOR if c in anchor_texts else CARRIED)
-        t = t or {}
+        t = found or {}
         old.append((_number(t.get("ms")), _number(t.get("q20")), _number(t.get("q80"))))
         ranks = list(t.get("per_rank_ms") or [])
         per_rank.append([_number(ranks[r]) if r < len(ranks) else _number(t.get("ms")) for r in range(world)])

@@ -7,7 +7,8 @@ synchronize, so an asynchronous fault is charged to the launch that caused it) t
 removed. A process that dies in between (an illegal memory access, a device-side assert, a
 segfault, os._exit) leaves the file behind. The next tuning call of that rank finds it, moves
 the config onto the rank's quarantine list and says so. Files are per rank, in a folder beside the
-cache directory (`<cache dir>-quarantine`: the cache itself stays rank 0's alone); nodes need not share a file system, because each rank reads only its own file and
+cache directory (`<cache dir>-quarantine`: the cache itself stays rank 0's alone); nodes need not share a
+file system, because each rank reads only its own file and
 the ranks then share what they found through the collectives, so every rank skips the same configs.
 
 A slot that runs past `slot_timeout_s` (a hung kernel) cannot be interrupted; a watchdog thread
@@ -36,8 +37,8 @@ from typing import Any
 
 import torch
 
-from ..runtime.collectives import Collectives
 from ..errors import CacheWarning, SlotHangError
+from ..runtime.collectives import Collectives
 
 
 @dataclass(frozen=True)

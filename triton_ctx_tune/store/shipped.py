@@ -20,9 +20,10 @@ import os
 import re
 import threading
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Union
 
 from ..errors import CacheWarning
 from .cache import EXPORT_FORMAT, entry_id, entry_problem
@@ -123,7 +124,8 @@ def _read(path: Path, stamp: tuple[int, int]) -> _File:
         read.kernel_keys.setdefault((ident["kernel"], ident["key"]), []).append(shipped)
     for i, entry in enumerate(functions):
         ident = entry.get("identity") if isinstance(entry, dict) else None
-        if not (isinstance(ident, dict) and isinstance(ident.get("function"), str) and isinstance(ident.get("key"), str)):
+        if not (isinstance(ident, dict) and isinstance(ident.get("function"), str)
+                and isinstance(ident.get("key"), str)):
             bad.append(f"functions[{i}]: not a function-level entry (no identity with a function and a key)")
             continue
         try:

@@ -7,14 +7,15 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
+from ..errors import CacheError, CtxTuneError
 from ..store import cache as C
 from ..store import function_cache as FC
 from ..store.shipped import safe_name, ship_filename
 from . import report as R
-from ..errors import CacheError, CtxTuneError
 from .logs import DEFAULT_LOG_DIR
 
 _DESCRIPTION = "Inspect what triton_ctx_tune chose and why, and manage its persistent tuning cache."
@@ -205,11 +206,11 @@ def _cache_list(args: argparse.Namespace) -> None:
           + (f", {len(rows) - len(valid)} invalid" if len(rows) != len(valid) else ""))
     if valid:
         print(f"{'id':<12}  {'kernel':<20} {'key':<28} {'ms':>10} {'world':>5}  {'device':<20} {'tuned':<25}  winner")
-    for _, e in valid:
-        ident = e["identity"]  # type: ignore[index]
+    for _, entry in valid:
+        ident = entry["identity"]
         device = _device(ident)
-        print(f"{e['id'][:12]:<12}  {ident['kernel']:<20} {ident['key']:<28} {_winner_ms(e):>10.4f} "  # type: ignore[index]
-              f"{ident['world']:>5}  {device:<20} {e['tuned']['date']:<25}  {e['winner']['config']}")  # type: ignore[index]
+        print(f"{entry['id'][:12]:<12}  {ident['kernel']:<20} {ident['key']:<28} {_winner_ms(entry):>10.4f} "
+              f"{ident['world']:>5}  {device:<20} {entry['tuned']['date']:<25}  {entry['winner']['config']}")
     for p, e in rows:
         if isinstance(e, C.CacheEntryError) and e.foreign:
             print(f"NOT AN ENTRY {p}: {e.reason} (named like one, but not written by triton_ctx_tune; "

@@ -11,9 +11,10 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterable
+from typing import IO, Any
 
 from .. import __version__
 from ..runtime.compat import TRITON_VERSION, print_autotuning
@@ -68,7 +69,8 @@ EVENTS: dict[str, EventSpec] = dict([
     # source: "cache" (the entry at path), else the shipped config file it came from (rank 0; "shipped" elsewhere).
     _spec("cache-hit", "a winner read from the persistent (or function) cache, or from a shipped config file",
           "key", "winner", "path", "entry", "source"),
-    # source: "cache", or "shipped" (path is then the shipped file); a kernel's names its kernel, a function's its function.
+    # source: "cache", or "shipped" (path is then the shipped file); a kernel's names its kernel, a function's
+    # its function.
     _spec("cache-stale", "a cached or shipped entry of the key that no longer applies, and why", "key", "path",
           "reasons", "others", "source"),
     _spec("cache-store", "a winner stored in the persistent (or function) cache", "path"),
@@ -117,10 +119,10 @@ class RankLog:
         return self.dir / f"rank-{self.rank}.log", self.dir / f"rank-{self.rank}.jsonl"
 
     def _open(self) -> None:
-        if self._text is not None or self.dir is None:
+        if self._text is not None or (paths := self.paths) is None:
             return
-        self.dir.mkdir(parents=True, exist_ok=True)
-        text, jsonl = self.paths  # type: ignore[misc]
+        text, jsonl = paths
+        text.parent.mkdir(parents=True, exist_ok=True)
         self._text = open(text, "a", encoding="utf-8")
         self._jsonl = open(jsonl, "a", encoding="utf-8")
 

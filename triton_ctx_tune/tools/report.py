@@ -17,9 +17,10 @@ import math
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import CtxTuneError, MissingDependencyError
 from .logs import EVENTS, ahead_table
@@ -474,9 +475,10 @@ def _screened_elsewhere(r: KeyReport, j: int) -> bool:
             and (j in r.screened_on or any(who.startswith("rank ") for who in r.failures.get(j, {}))))
 
 
-def _runner_up(r: KeyReport) -> int | None:
+def _runner_up(r: KeyReport) -> tuple[int, float] | None:
+    """The fastest config other than the winner that has a time, and that time."""
     ranked = sorted((t, j) for j, t in enumerate(r.ms) if t is not None and j != r.winner)
-    return ranked[0][1] if ranked else None
+    return (ranked[0][1], ranked[0][0]) if ranked else None
 
 
 def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
@@ -497,12 +499,13 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
     origin = f"  [from {cache}, tuned {r.date or 'earlier'}]" if r.source == "cache" and from_log else ""
     lines.append(f"  chosen     #{r.winner} {{{r.configs[r.winner]}}}  "
                  f"{'-' if best is None else f'{best:.4f} ms'} ({how}){origin}")
-    up = _runner_up(r)
-    if up is not None and best is not None:
-        margin = r.ms[up] - best  # type: ignore[operator]
+    runner_up = _runner_up(r)
+    if runner_up is not None and best is not None:
+        up, up_ms = runner_up
+        margin = up_ms - best
         pct = f", +{100 * margin / best:.1f}%" if best > 0 else ""
         where = f"; its screening time, on rank {r.screened_on[up]} alone" if up in r.screened_on else ""
-        lines.append(f"  runner-up  #{up} {{{r.configs[up]}}}  {r.ms[up]:.4f} ms  (+{margin:.4f} ms{pct} slower{where})")
+        lines.append(f"  runner-up  #{up} {{{r.configs[up]}}}  {up_ms:.4f} ms  (+{margin:.4f} ms{pct} slower{where})")
     elif r.ms:
         lines.append("  runner-up  none (no other config has a time)")
     if r.band is not None:
@@ -557,7 +560,8 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
                  and j < len(r.q80) and r.q80[j] is not None else "-")
             ranks = "".join(f"  {_rank_ms(r, rank, j):>10}" for rank in range(len(r.per_rank)))
             carried = ("  (carried over, scaled)" if j in r.carried else
-                       f"  (screened out on rank {r.screened_on[j]}, not run on the others)" if j in r.screened_on else "")
+                       f"  (screened out on rank {r.screened_on[j]}, not run on the others)" if j in r.screened_on
+                       else "")
             lines.append(f"    {mark} #{j:<3}  {_ms(r.ms[j] if j < len(r.ms) else None):>10}  {q:>19}{ranks}  "
                          f"{config}{carried}")
     return lines
@@ -565,13 +569,13 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
 
 def _confirmed_line(r: KeyReport) -> str:
     """E.g. "confirmed  #1, #2 re-timed interleaved before the decision: #2 ahead by 1.3%"."""
-    assert r.confirmed
+    assert r.confirmed and r.winner is not None  # (format_key's: a decided key)
     names = ", ".join(f"#{j}" for j in r.confirmed) + (" (overlapped: end to end)" if r.end_to_end else "")
-    others = [r.ms[j] for j in r.confirmed if j != r.winner and j < len(r.ms) and r.ms[j] is not None]
+    others = [t for j in r.confirmed if j != r.winner and j < len(r.ms) and (t := r.ms[j]) is not None]
     best = r.ms[r.winner] if r.winner < len(r.ms) else None
     if not others or best is None or best <= 0:
         return f"confirmed  {names} re-timed interleaved before the decision"
-    margin = min(others) / best - 1  # type: ignore[type-var]
+    margin = min(others) / best - 1
     ahead = f"ahead by {margin:.1%}" if margin >= 0 else f"within the tie band, {-margin:.1%} behind the fastest"
     return f"confirmed  {names} re-timed interleaved before the decision: #{r.winner} {ahead}"
 
@@ -593,12 +597,13 @@ def format_points(f: PointReport) -> list[str]:
            f"(end to end, {f.stat}, {f.reduce} over {f.world} ranks)",
            f"  {'':2}{'#':>3}  {'point':<40} {'end-to-end ms':>14} {'per-rank spread':>22}  note"]
     for j, point in enumerate(f.points):
-        times = [row[j] for row in f.per_rank if j < len(row) and row[j] is not None]
+        times = [t for row in f.per_rank if j < len(row) and (t := row[j]) is not None]
         spread = f"{min(times):.4f}..{max(times):.4f}" if times else "-"
         note = ("FAILED " + f.failures[str(j)] if str(j) in f.failures else
                 "screened out" if j in f.screened_out else "")
         mark = "*" if j == f.winner else " "
-        out.append(f"  {mark:2}{j:>3}  {str(point):<40} {_ms(f.ms[j]) if j < len(f.ms) else '-':>14} {spread:>22}  {note}")
+        ms = _ms(f.ms[j]) if j < len(f.ms) else "-"
+        out.append(f"  {mark:2}{j:>3}  {str(point):<40} {ms:>14} {spread:>22}  {note}")
     for k in f.kernels:
         out.append(f"     under the winner: {k['kernel']} key={tuple(k['key'])!r} -> {{{k['config']}}}")
     return out
