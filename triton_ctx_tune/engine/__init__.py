@@ -1,6 +1,7 @@
 """The engine: how a tuned call runs and how its decisions are made. call.py routes each launch of a
 tuned call (warm: the cached winner; otherwise it opens a Session), session.py drives a tuning call
 step by step (begin, agree, decide, end: re-execution and online are its two drivers, in tuner.py),
+schedule.py derives what ends a step, and which collectives, from what the ranks agreed on,
 executor.py routes each launch of a step (a known config, a slot, a stand-in while compiling, a
 fallback), search.py and state.py plan the slots of each
 (kernel, key), decisions.py reduces the ranks' timings and commits the winners, validate.py checks a
