@@ -229,3 +229,50 @@ def test_the_rest_compile_smallest_key_first():
     holder()
     big.join(10), small.join(10)
     assert order == ["small", "big"]  # a key of 6 configs is not held behind one of 48
+
+
+def _compile_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("ctx-tune-") and t.is_alive()}
+
+
+def test_no_compile_thread_outlives_run_with_deadline_but_the_abandoned_one():
+    from triton_ctx_tune.compile.precompile import run_with_deadline
+
+    before = _compile_threads()
+    hold, lock, running = threading.Event(), threading.Lock(), []
+    done, late = run_with_deadline([0, 1, 2, 3], lambda i: i * 10, 4, 30)
+    assert (done, late) == ({0: 0, 1: 10, 2: 20, 3: 30}, [])
+    assert _compile_threads() == before  # joined, not left to end on their own
+    done, late = run_with_deadline([0, 1], lambda i: _running_work(hold, running, lock)(i) if i == 1 else i, 2, 0.3)
+    assert (done, late) == ({0: 0}, [1])
+    (stuck,) = _compile_threads() - before  # only the one abandoned in its compile
+    hold.set()
+    stuck.join(10)
+
+
+def test_at_exit_compile_threads_take_no_further_config_and_end():
+    from triton_ctx_tune.compile import precompile
+
+    before = _compile_threads()
+    hold, lock, running = threading.Event(), threading.Lock(), []
+    outcome: dict[str, Any] = {}
+    # One thread, six configs: the first is in hand when the process exits; the other five never start.
+    call = threading.Thread(target=lambda: outcome.update(
+        r=precompile.run_with_deadline(list(range(6)), _running_work(hold, running, lock), 1, 30)))
+    call.start()
+    deadline = time.monotonic() + 10
+    while not running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        threading.Timer(0.3, hold.set).start()  # the config in hand ends while the hook waits for it
+        start = time.monotonic()
+        precompile._stop_threads()
+        assert time.monotonic() - start < precompile.EXIT_WAIT_S
+        call.join(10)
+        assert outcome["r"] == ({0: 0}, [1, 2, 3, 4, 5]) and running == [0]
+        assert _compile_threads() == before
+        # Run now, with no thread at all: nothing starts either.
+        assert precompile.run_with_deadline([7, 8], lambda i: i, 2, 30) == ({}, [7, 8])
+    finally:
+        precompile._EXITING.clear()
+        hold.set()

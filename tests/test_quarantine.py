@@ -178,3 +178,41 @@ def test_only_a_configs_first_launch_is_noted_and_waited_for(tmp_path, monkeypat
     assert op.last_call.executions == 3 * 4 + 1  # 3 configs x (1 warm-up + 3 timed slots), the final run
     assert sorted(noted) == [0, 1, 2]  # (the first step runs whichever config compiled first)
     assert list((tmp_path / "cache-quarantine").glob("inflight-*")) == []
+
+
+
+def test_the_slot_watchdog_ends_with_its_call(tmp_path, monkeypatch):
+    """One watchdog per call used to patrol for the rest of the process: one more daemon thread after
+    every tuning call, all still running into the interpreter's finalization."""
+    import threading
+
+    import torch
+
+    from tests.kernels import DEVICE, double_, grid
+    from triton_ctx_tune import contextual_autotune
+    from triton_ctx_tune.runtime.collectives import Collectives
+    from triton_ctx_tune.store import quarantine
+
+    def watchdogs() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "ctx-tune-slot-watchdog" and t.is_alive()]
+
+    during: list[int] = []
+    begin = quarantine.Quarantine.begin
+
+    def spy(self, *args) -> None:
+        begin(self, *args)
+        during.append(len(watchdogs()))
+
+    monkeypatch.setattr(quarantine.Quarantine, "begin", spy)
+    for _ in range(2):
+        op = contextual_autotune(n_warmup=1, n_repeat=1, early_stop=False, cache=False, quarantine=True,
+                                 slot_timeout_s=600.0)(lambda x: double_[grid(x.numel())](x, x.numel()))
+        op(torch.ones(64, device=DEVICE))
+        assert during and during[-1] == 1  # the call's slots were watched
+        assert watchdogs() == [] and not quarantine._watchdogs  # stopped and joined at the call's end
+    # One whose call never closed (an online session left unfinished) is stopped by the atexit hook.
+    q = quarantine.Quarantine(tmp_path / "q", 0, Collectives(is_dist=False), slot_timeout_s=600.0)
+    q._watch({"kernel": "k", "key": "()", "config": "c"})
+    assert len(watchdogs()) == 1
+    quarantine._stop_watchdogs()
+    assert watchdogs() == [] and not quarantine._watchdogs
