@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .search import Assignment, Search
+from .search import Assignment, PointTunable, Search
 from .state import KeyState, Tunable
 
 # Tests only (tests/test_schedule.py): skip_step_end(function, rank, step) -> True makes this rank skip that
@@ -67,7 +67,7 @@ class StepReport:
         compiled = [int(s.compiling.done) for s in compiling_keys(search, new)] if online else []
         return StepReport([s.describe() for s in new], launches,
                           None if a.measured is None else [a.measured.describe(), a.config],
-                          [[_name(t), t.next_slot, t.total_slots] for t in tuning], failure, error, compiled)
+                          [[name(t), t.next_slot, t.total_slots] for t in tuning], failure, error, compiled)
 
 
 def compiling_keys(search: Search, new: list[KeyState]) -> list[KeyState]:
@@ -110,7 +110,9 @@ def _tunables(search: Search) -> list[Tunable]:
     return out
 
 
-def _name(t: Tunable) -> str:
+def name(t: Tunable) -> str:
+    """A tunable as reports and schedule headers name it."""
     if isinstance(t, KeyState):
         return f"{t.kernel} key={t.key!r}" + ("" if t.point is None else f" point#{t.point}")
-    return "points"
+    assert isinstance(t, PointTunable)  # the only other kind of tunable
+    return f"the points of {t.function}"

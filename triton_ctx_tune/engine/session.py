@@ -245,7 +245,7 @@ class Session:
         finishing = self.search.finishing()  # slot counts are agreed: the same tunables on every rank
         if finishing:
             self.services.progress.clear()  # the decisions print summary lines
-            self.comm.at(self.stats.executions, "deciding " + ", ".join(_subject_of(t) for t in finishing))
+            self.comm.at(self.stats.executions, "deciding " + ", ".join(schedule.name(t) for t in finishing))
             self.decisions.decide(finishing)
         if self.search.finished:
             for s in self.search.kernels.values():
@@ -348,6 +348,3 @@ def _describe_mismatch(everyone: list[StepReport]) -> str:
                      + (f"; slots: {slots}" if slots else ""))
     return "\n".join(lines)
 
-
-def _subject_of(t: Any) -> str:
-    return f"{t.kernel} key={t.key!r}" if isinstance(t, KeyState) else f"the points of {t.function}"

@@ -41,7 +41,6 @@ HEADER = ("seq", "call", "step", "op", "label", "numel", "dtype")
 FUSED = 32  # a payload of at most this many int64/float64 numbers rides in the header's row
 ABANDON_WAIT_S = 30.0  # how long a rank that leaves with an error waits for the others to hear it
 _OPS = {"all_gather": 1, "broadcast": 2, "abandon": 3}
-_OP_NAMES = {v: k for k, v in _OPS.items()}
 
 
 class _Control:
@@ -124,7 +123,6 @@ class Collectives:
         self.call, self.step, self.doing = 0, 0, ""  # call 0: numbered at its first collective
         self.function = ""  # the tuned function's name: ranks in different functions' calls differ at once
         self.on_header: Callable[[dict[str, Any]], None] | None = None
-        self.device = torch.device("cpu")
         self._control: _Control | None = None
         if self.dist is None:
             self.rank, self.world, self.global_rank = 0, 1, 0
