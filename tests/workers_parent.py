@@ -87,7 +87,7 @@ def tune(at: Any, n: int, comm: Collectives | None = None, timeout_s: float = ma
     done = P.precompile(state, args, kwargs, comm or Collectives(False), threads=2, timeout_s=timeout_s,
                         workers=workers)
     return {"mine": done.mine, "by_workers": done.by_workers, "failures": {str(i): r for i, r in done.failures.items()},
-            "new_cubins": cubins() - before}
+            "rejected": {str(i): r for i, r in done.rejected.items()}, "new_cubins": cubins() - before}
 
 
 def parent_hits(at: Any, n: int, blocks: list[int], **kwargs: Any) -> int:

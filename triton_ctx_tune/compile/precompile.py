@@ -48,6 +48,7 @@ import torch
 from ..engine.state import KeyState
 from ..runtime.collectives import Collectives
 from ..runtime.compat import (
+    SignatureUnknown,
     compile_only,
     config_failure_reason,
     describe_compile,
@@ -107,7 +108,11 @@ def _stop_threads() -> None:
 class Compiled:
     mine: list[int]  # config indices this rank compiled
     seconds: float
-    failures: dict[int, str] = field(default_factory=dict)  # config index -> reason (any rank's)
+    failures: dict[int, str] = field(default_factory=dict)  # config index -> reason (any rank's): excluded
+    # Configs precompile could not build (any rank's): their launch compiles them again, with the real
+    # arguments, and only a failure there excludes them (precompile may have built the wrong signature).
+    rejected: dict[int, str] = field(default_factory=dict)
+    skipped: dict[int, str] = field(default_factory=dict)  # not precompiled here, and why: they compile at launch
     by_workers: list[int] = field(default_factory=list)  # config indices a worker process compiled
     workers: dict[str, Any] = field(default_factory=dict)  # the pool's state (WorkerPool.status), {} without one
     ran_meanwhile: list[int] = field(default_factory=list)  # configs the step that met the key launched meanwhile
@@ -131,16 +136,32 @@ def _device() -> int | None:
     return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
+# Failures of the compile itself, not of the config: they exclude the config on every rank without a second
+# try, since compiling it again on the launch path could hang or crash the function. Any other precompile
+# failure is a rejection, which the launch path checks.
+_EXCLUDING = ("compile timeout:", "compile worker crashed:", EXIT_REASON)
+
+
+@dataclass
+class Batch:
+    """What compiling some configs gave: kernels, and per config why not."""
+    kernels: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, str] = field(default_factory=dict)  # excluded: _EXCLUDING
+    rejected: dict[int, str] = field(default_factory=dict)  # the launch path tries them again
+    skipped: dict[int, str] = field(default_factory=dict)  # their signature is known only at launch
+    by_workers: list[int] = field(default_factory=list)
+
+
 def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
              timeout_s: float, pool: WorkerPool | None = None, device: int | None = None,
-             load: bool = True, on_ready: Callable[[int], None] | None = None,
-             ) -> tuple[dict[int, Any], dict[int, str], list[int]]:
+             load: bool = True, on_ready: Callable[[int], None] | None = None) -> Batch:
     """Compile configs `indices` on up to `threads` threads (and `pool`'s workers); `device` is the
     caller's, since a thread started here (or by start()) begins on device 0; `on_ready(i)` as each
     config's compile succeeds."""
     if not indices:
-        return {}, {}, []
+        return Batch()
     by_workers: list[int] = []
+    skipped: dict[int, str] = {}
     undescribed: list[int] = []  # configs compile_workers cannot describe to a worker (logged)
     first = indices[0] if on_ready is not None else None  # what a waiting execution runs first
 
@@ -162,6 +183,9 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
             if on_ready is not None:
                 on_ready(i)
             return kernel, None
+        except SignatureUnknown as e:
+            skipped[i] = f"not precompiled: {e}; it compiles at its first launch"
+            return None, None
         except Exception as e:
             reason = config_failure_reason(e)
             if reason is None:
@@ -182,13 +206,17 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
             results[i] = (None, EXIT_REASON if _EXITING.is_set() else
                           f"compile timeout: compiling this config took longer than {timeout_s:g} s, so it was "
                           "abandoned (raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT if it is just slow)")
-    kernels = {i: k for i, (k, r) in results.items() if r is None}
-    failures = {i: r for i, (_, r) in results.items() if r is not None}
+    batch = Batch(kernels={i: k for i, (k, r) in results.items() if r is None and i not in skipped},
+                  skipped=dict(skipped))
+    for i, (_, reason) in results.items():
+        if reason is not None:
+            (batch.failures if reason.startswith(_EXCLUDING) else batch.rejected)[i] = reason
     if load:
-        failures.update(_load(kernels))
+        batch.rejected.update(_load(batch.kernels))
     if undescribed and pool is not None:
         pool.undescribed += len(undescribed)
-    return kernels, failures, sorted(i for i in by_workers if i in kernels)
+    batch.by_workers = sorted(i for i in by_workers if i in batch.kernels and i not in batch.rejected)
+    return batch
 
 
 def _load(kernels: dict[int, Any]) -> dict[int, str]:
@@ -381,7 +409,7 @@ class Precompiling:
             prime_compiler_hash()
         else:
             prime_interpreter(state.autotuner)  # its AST is parsed here, not on a compile thread
-        self._outcome: tuple[dict[int, Any], dict[int, str], list[int]] | None = None
+        self._outcome: Batch | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
@@ -429,22 +457,32 @@ class Precompiling:
         if self._error is not None:
             raise self._error
         assert self._outcome is not None
-        kernels, failures, by_workers = self._outcome
-        failures.update(_load(kernels))
-        by_workers = [i for i in by_workers if i not in failures]
-        state, n, pool = self.state, len(self.state.configs), self.pool
-        failures.update(comm.share_failures(failures, n, "share precompile results"))
+        mine, state, n, pool = self._outcome, self.state, len(self.state.configs), self.pool
+        mine.rejected.update(_load(mine.kernels))
+        by_workers = [i for i in mine.by_workers if i not in mine.rejected]
+        failures, rejected = _share(comm, mine, n, "share precompile results")
         # The others' binaries are in the shared Triton cache now: loading them here is cheap and keeps
         # the load out of the first slot (compiled here instead when caches are not shared).
-        rest = [i for i in range(n) if i not in self.mine and i not in failures and i not in state.failures
-                and i not in state.carried]
-        _, more, _ = _compile(state, rest, self.args, self.kwargs, self.threads, self.timeout_s, pool, self.device)
+        rest = [i for i in range(n) if i not in self.mine and i not in failures and i not in rejected
+                and i not in state.failures and i not in state.carried]
+        more = _compile(state, rest, self.args, self.kwargs, self.threads, self.timeout_s, pool, self.device)
         # A config can fail here alone (a timeout on this rank, a binary this GPU cannot load):
-        # share that too, so every rank skips the same configs from the first slot on.
-        failures.update(comm.share_failures(more, n, "share load results"))
-        return Compiled(self.mine, time.perf_counter() - self.started, failures, by_workers,
-                        {} if pool is None else dict(pool.status(), undescribed=pool.undescribed),
-                        sorted(set(self.ran_meanwhile)))
+        # share that too, so every rank treats the same configs alike from the first slot on.
+        more_failures, more_rejected = _share(comm, more, n, "share load results")
+        failures.update(more_failures)
+        rejected.update({i: r for i, r in more_rejected.items() if i not in failures})
+        return Compiled(self.mine, time.perf_counter() - self.started, failures=failures, rejected=rejected,
+                        skipped={**mine.skipped, **more.skipped}, by_workers=by_workers,
+                        workers={} if pool is None else dict(pool.status(), undescribed=pool.undescribed),
+                        ran_meanwhile=sorted(set(self.ran_meanwhile)))
+
+
+def _share(comm: Collectives, batch: Batch, n: int, what: str) -> tuple[dict[int, str], dict[int, str]]:
+    """Every rank's failures and rejections of `batch`, on every rank, in one gather: a rejection of config
+    i travels as index n + i. A config that one rank rejected and another failed counts as failed."""
+    both = comm.share_failures({**batch.failures, **{n + i: r for i, r in batch.rejected.items()}}, 2 * n, what)
+    failures = {i: r for i, r in both.items() if i < n}
+    return failures, {i - n: r for i, r in both.items() if i >= n and i - n not in failures}
 
 
 def start(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,

@@ -99,7 +99,7 @@ class Executor:
         if kwargs.get("warmup"):
             # Compile-only: Triton's own run would "benchmark" launches that do nothing.
             configs = [at.cache[key]] if key in at.cache else prune_configs(at, args, kwargs)
-            return compile_only(at, configs, args, kwargs)
+            return compile_only(at, configs, args, kwargs, strict=False)
         point = self.assignment.point
         state = self.search.kernel(point, at, key)
         if state is None:
@@ -291,11 +291,17 @@ class Executor:
         state.compiling = None
         for i, reason in sorted(done.failures.items()):
             state.fail(i, reason)
+        state.rejected.update(done.rejected)
         meanwhile = f" (the execution ran config {done.ran_meanwhile} meanwhile)" if done.ran_meanwhile else ""
+        rejected = (f", {len(done.rejected)} rejected (their launch compiles them again)" if done.rejected else "")
+        skipped = f", {len(done.skipped)} left to their launch" if done.skipped else ""
         self.services.log.write("precompile", f"precompile kernel={state.kernel} key={state.key!r} compiled "
                        f"{len(done.mine)}/{len(state.configs)} configs here in {done.seconds:.3f} s, "
-                       f"{len(done.failures)} failed{meanwhile}", kernel=state.kernel, key=list(state.key),
-                       mine=done.mine, seconds=done.seconds, failures={str(i): r for i, r in done.failures.items()},
+                       f"{len(done.failures)} failed{rejected}{skipped}{meanwhile}", kernel=state.kernel,
+                       key=list(state.key), mine=done.mine, seconds=done.seconds,
+                       failures={str(i): r for i, r in done.failures.items()},
+                       rejected={str(i): r for i, r in done.rejected.items()},
+                       skipped={str(i): r for i, r in done.skipped.items()},
                        by_workers=done.by_workers, workers=done.workers, ran_meanwhile=done.ran_meanwhile)
 
     def finish_compiles(self, void: bool, everywhere: list[KeyState] | None = None) -> None:
@@ -400,13 +406,23 @@ class Executor:
 
     def _try(self, state: KeyState, index: int, work: Callable[[], Any]) -> tuple[bool, Any]:
         try:
-            return True, work()
+            out = work()
         except Exception as e:
             reason = config_failure_reason(e)
             if reason is None:
                 raise
+            if index in state.rejected:
+                reason += " (precompile rejected it too)"
             state.fail(index, reason)
             return False, reason
+        if index in state.rejected and index not in state.disagreed:
+            state.disagreed.add(index)
+            self.services.log.write(
+                "precompile-disagreed", f"precompile-disagreed kernel={state.kernel} key={state.key!r} config "
+                f"#{index} compiled and ran at its launch, but precompile rejected it: "
+                f"{state.rejected[index][:200]}", kernel=state.kernel, key=list(state.key), config_index=index,
+                config=config_str(state.configs[index]), precompile_reason=state.rejected[index])
+        return True, out
 
     def _fallback(self, state: KeyState, record: SlotRecord, args: tuple, kwargs: dict[str, Any]) -> Any:
         """Keep the function running with a config known to work here; skip the launch if none is."""

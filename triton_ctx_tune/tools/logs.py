@@ -42,8 +42,12 @@ EVENTS: dict[str, EventSpec] = dict([
     _spec("call", "a tuning call starts (RankLog.header)", "function", "world", "device", "timer", "triton", "torch",
           "triton_ctx_tune", "host", "pid"),
     _spec("end", "a tuning call ends, or is stopped by an error", "function", "executions", "wall_s", "error"),
+    # failures: excluded on every rank (timeouts, crashed workers); rejected: compile errors, which the launch
+    # path retries with the real arguments; skipped: configs whose signature only their launch knows.
     _spec("precompile", "a key's configs compiled in the background", "kernel", "key", "mine", "seconds", "failures",
-          "by_workers", "workers", "ran_meanwhile"),
+          "rejected", "skipped", "by_workers", "workers", "ran_meanwhile"),
+    _spec("precompile-disagreed", "a config precompile rejected whose launch compiled and ran: precompile built "
+          "another signature than the launch", "kernel", "key", "config_index", "config", "precompile_reason"),
     _spec("quarantine", "a key skips configs that killed an earlier process", "kernel", "key", "configs"),
     _spec("quarantine-recovered", "a slot an earlier process died in, found now", "id", "config", "reason"),
     _spec("slot", "one launch of a key in a tuning step", "step", "kernel", "key", "config_index", "iteration", "timed",
