@@ -194,6 +194,21 @@ class UnattributedLaunchWarning(UserWarning):
         self.key = key
 
 
+class UnsupportedAutotunerWarning(UserWarning):
+    """An Autotuner subclass overrides run in a way a tuning call does not know: it is not tuned."""
+
+    def __init__(self, kernel: str, cls: str, does: str) -> None:
+        super().__init__(
+            f"kernel {kernel}: its autotuner is a {cls}, which {does}. A tuning call cannot tune it as Triton's "
+            "Autotuner: inside one it runs its first config, untuned and the same on every rank, instead of "
+            "benchmarking itself on the call's buffers on each rank alone. If its run keeps the meaning of "
+            "Triton's (benchmark the configs, keep the fastest per key), declare it with "
+            f"triton_ctx_tune.tune_like_triton({cls.rsplit('.', 1)[-1]}, key=...) and it is tuned like any "
+            "autotuned kernel; otherwise tune it outside tuning calls, with its own run.")
+        self.kernel = kernel
+        self.cls = cls
+
+
 class TuneDuringCaptureError(CtxTuneError):
     """A call would tune while the current CUDA stream is being captured into a graph."""
 

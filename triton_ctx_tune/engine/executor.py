@@ -31,8 +31,8 @@ from ..runtime.compat import (
     prune_configs,
     reset_before_final_launch,
     restores,
-    tuning_key,
 )
+from ..runtime.libraries import cache_winners, can_forget, launch_refused, refused, tuning_key
 from ..runtime.patch import original_run
 from ..runtime.timing import CudaGraphTimer
 from ..store.cache import Lookup, entry_id, identity
@@ -100,6 +100,8 @@ class Executor:
             # Compile-only: Triton's own run would "benchmark" launches that do nothing.
             configs = [at.cache[key]] if key in at.cache else prune_configs(at, args, kwargs)
             return compile_only(at, configs, args, kwargs, strict=False)
+        if refused(at):
+            return launch_refused(at, args, kwargs)
         point = self.assignment.point
         state = self.search.kernel(point, at, key)
         if state is None:
@@ -220,7 +222,7 @@ class Executor:
     def _frozen(self, at: Autotuner, key: tuple, configs: list, lookup: Lookup | None) -> Any:
         """freeze: a key with no tuned result runs the winner of the nearest tuned key of its kernel, else
         the first config, and is never tuned. Rank 0 chooses (it alone reads the cache) for every rank."""
-        winners = {k: config_str(c) for k, c in list(at.cache.items()) if isinstance(k, tuple)}
+        winners = {k: config_str(c) for k, c in cache_winners(at) if isinstance(k, tuple)}
         if lookup is not None and self.services.cache is not None:
             for text, config in self.services.cache.neighbours(lookup.identity).items():
                 with contextlib.suppress(ValueError, SyntaxError):
@@ -447,7 +449,8 @@ class Executor:
         Autotuner key are overwritten here and put back by the decision (_commit_point).
         """
         states = self.search.of_point(a.point)
-        if any(restores(s.autotuner) or not (s.settled or s.end_to_end) for s in states):
+        if any(restores(s.autotuner) or not (s.settled or s.end_to_end) or not can_forget(s.autotuner)
+               for s in states):  # (a cache that cannot forget, e.g. a library's sqlite one, never holds a trial)
             return []
         chosen = [(s, a.config_for(s)) for s in states]
         if any(index in s.failures for s, index in chosen):
