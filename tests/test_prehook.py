@@ -141,3 +141,18 @@ def test_two_ranks_share_a_rejection_and_both_time_the_config(tmp_path):
     # Split precompile: local rank r compiles configs i with i % 2 == r, so only rank 1 rejected BLOCK 32 itself.
     assert [row["mine"] for row in rows] == [[0, 2], [1]]
     assert rows[0]["executions"] == rows[1]["executions"]
+
+
+def test_a_hook_runs_in_precompile_only_where_an_argument_can_carry_its_change():
+    """Tensors, numbers and strings: the hook cannot change the signature, so precompile does not call it (a hook
+    that counts its launches, or spends time, sees only the launches)."""
+    import triton
+
+    calls: list[int] = []
+    config = triton.Config({"BLOCK": 16}, pre_hook=lambda nargs: calls.append(nargs["BLOCK"]))
+    at = autotuner(desc_double)
+    x = torch.arange(100, dtype=torch.float32, device=DEVICE)
+    args, kwargs = compat.hooked_launch_args(at, config, (x, x, 100), {"grid": (1,)})
+    assert calls == [] and args == (x, x, 100) and kwargs == {"grid": (1,)}
+    compat.hooked_launch_args(at, config, (descriptor(x), x, 100), {"grid": (1,)})
+    assert calls == [16]

@@ -208,6 +208,13 @@ def _hook_copy(value: Any) -> Any:
     return duplicate
 
 
+def _plain_argument(value: Any) -> bool:
+    import torch
+
+    return value is None or isinstance(value, (bool, int, float, str, bytes, torch.Tensor, torch.dtype,
+                                               triton.language.dtype))
+
+
 def hooked_launch_args(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any]
                        ) -> tuple[tuple, dict[str, Any]]:
     """The arguments a launch of `config` compiles for: after its pre_hook, which runs on copies here.
@@ -222,9 +229,12 @@ def hooked_launch_args(at: Autotuner, config: Config, args: Sequence[Any], kwarg
     """
     import torch
 
-    if config.pre_hook is None:
+    named = {**_named_args(at, args), **kwargs}
+    if config.pre_hook is None or all(_plain_argument(v) for k, v in named.items() if k in at.arg_names):
+        # Tensors, numbers and strings: a hook can change their contents or its dict, never the signature; so
+        # it does not run here at all (a hook that counts its calls, or spends time, sees only the launches).
         return tuple(args), kwargs
-    copies = {k: _hook_copy(v) for k, v in {**_named_args(at, args), **kwargs}.items()}
+    copies = {k: _hook_copy(v) for k, v in named.items()}
     try:
         config.pre_hook({**copies, **config.all_kwargs()})
     except Exception as e:  # noqa: BLE001 (whatever the hook raises, the signature is unknown)
