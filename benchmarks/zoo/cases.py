@@ -11,7 +11,7 @@ only when named (`--cases`): a large config space or a long step.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -50,7 +50,6 @@ class Case:
     summary: str
     needs_cuda: bool = True
     default: bool = True
-    env: dict[str, str] = field(default_factory=dict)  # set before the library is imported
 
 
 def _gems_tol(dtype: torch.dtype, reduce_dim: int = 1, exact: bool = False) -> Tolerance:
