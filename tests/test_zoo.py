@@ -163,3 +163,18 @@ def test_tolerance_rules():
     assert Tolerance("rel_fro", rtol=1e-2).ratio(want * 1.005, want) == pytest.approx(0.5)
     # Several outputs: the worst part decides.
     assert close.ratio((want, want + 0.2), (want, want)) == pytest.approx(2.0)
+
+
+def test_libentry_launch_that_is_not_the_tuned_config_is_named():
+    # FlagGems' LibEntry runs the config its first launch compiled, whatever was tuned afterwards.
+    _zoo_path()
+    from run_zoo import libentry_mismatches
+
+    picks = {"mm_kernel_general (32, 64)": "BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3",
+             "amax_kernel (last launch)": "BLOCK_M=4, BLOCK_N=1024, num_warps=4, num_stages=2"}
+    same = {"mm_kernel_general": ["BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3"],
+            "amax_kernel": ["BLOCK_M=4, BLOCK_N=1024, num_warps=4, num_stages=2"]}
+    assert libentry_mismatches(same, picks) == []
+    first_step = {**same, "mm_kernel_general": ["BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3"]}
+    assert libentry_mismatches(first_step, picks) == ["mm_kernel_general"]
+    assert libentry_mismatches({"bmm_kernel": ["BLOCK_M=16, num_warps=4, num_stages=2"]}, picks) == ["bmm_kernel"]

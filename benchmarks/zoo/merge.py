@@ -95,6 +95,11 @@ def _disagreements(rec: dict[str, Any] | None) -> int:
     return len(rec["agreement"]["differ"]) if rec and "agreement" in rec else 0
 
 
+def _mismatches(arm: dict[str, Any]) -> str:
+    found = [f"{n}: {', '.join(r['libentry_mismatches'])}" for n, r in arm.items() if r.get("libentry_mismatches")]
+    return "; ".join(found) or "none"
+
+
 def totals(arms: dict[str, dict[str, Any]], vs_plain: dict[str, float | None]) -> list[str]:
     ours, plain = arms.get("ours", {}), arms.get("plain", {})
     ran = [r for r in ours.values() if r["status"] != "skipped"]
@@ -112,6 +117,8 @@ def totals(arms: dict[str, dict[str, Any]], vs_plain: dict[str, float | None]) -
         f"{sum(r['status'] == 'error' for r in plain.values())}",
         f"- wrong outputs (ours vs reference or vs plain): {', '.join(wrong) or 'none'}; plain vs reference: "
         f"{', '.join(n for n, r in plain.items() if r.get('ok') is False) or 'none'}",
+        f"- FlagGems kernels whose LibEntry launcher runs a config no key was given, plain / ours: "
+        f"{_mismatches(plain)} / {_mismatches(ours)}",
         f"- keys whose ranks disagree, plain / ours: {sum(map(_disagreements, plain.values()))} / "
         f"{sum(map(_disagreements, ours.values()))}",
         f"- total first-call time over the {len(both)} cases both arms ran: ours {t_ours:.1f} s, plain "

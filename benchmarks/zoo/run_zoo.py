@@ -180,6 +180,36 @@ def outside_space(autotuners: list[Any], picks: dict[str, str]) -> list[str]:
     return sorted(k for k, cfg in picks.items() if cfg not in space.get(k.split(" ", 1)[0], set()))
 
 
+def libentry_launches(prefixes: tuple[str, ...]) -> dict[str, list[str]]:
+    """FlagGems' LibEntry wrappers: per kernel, the config each of its cached launchers was compiled for.
+
+    LibEntry keeps the kernel its first launch compiled, per argument signature, and never calls the autotuner
+    for that signature again: whatever a tuner decides later, this config is what runs."""
+    import gc
+
+    found: dict[str, list[str]] = {}
+    for obj in gc.get_objects():
+        # type(), not isinstance(): the class is FlagGems' own, and isinstance may warn on some live objects.
+        if type(obj).__name__ != "LibEntry" or not type(obj).__module__.startswith(prefixes):
+            continue
+        for per_device in obj.kernel_cache:
+            for _kernel, constexprs, tuned, *_ in per_device.values():
+                if tuned:  # an autotuned kernel's launcher (plain jit ones have no config)
+                    found.setdefault(obj.jit_function.__name__, []).append(", ".join(
+                        [f"{k}={v}" for k, v in tuned.items()]
+                        + [f"num_warps={constexprs.get('num_warps')}", f"num_stages={constexprs.get('num_stages')}"]))
+    return found
+
+
+def libentry_mismatches(launches: dict[str, list[str]], picks: dict[str, str]) -> list[str]:
+    """Kernels whose LibEntry launcher runs a config that none of the kernel's keys was given."""
+    def matches(launch: str, pick: str) -> bool:
+        return set(launch.split(", ")) <= set(pick.split(", "))
+    return sorted(kernel for kernel, configs in launches.items()
+                  if any(not any(matches(c, p) for k, p in picks.items() if k.split(" ", 1)[0] == kernel)
+                         for c in configs))
+
+
 def run_case(case: Any, ctx: Any, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     """Build the case, make its first (tuning) call in this arm, then record keys, agreement, error and times."""
     import torch
@@ -236,8 +266,10 @@ def run_case(case: Any, ctx: Any, args: argparse.Namespace, out_dir: Path) -> di
     outputs.mkdir(parents=True, exist_ok=True)
     torch.save(to_cpu(out), outputs / f"{case.name}.rank{ranks.rank}.pt")
 
+    launches = libentry_launches(case.modules)
     rec.update(first_call_s=max(w for w, _, _ in gathered), first_call_s_per_rank=[w for w, _, _ in gathered],
-               keys=picks, keys_outside_space=outside_space(autotuners, picks),
+               keys=picks, keys_outside_space=outside_space(autotuners, picks), libentry_launches=launches,
+               libentry_mismatches=libentry_mismatches(launches, picks),
                agreement=agreement(ranks, picks), error_ratio=ratio, ok=ratio <= 1.0)
     if ours:
         stats = fn.last_call
