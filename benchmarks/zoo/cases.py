@@ -200,6 +200,9 @@ def _gemlite(matmul_type: str, batch: int) -> Callable[[Context], Built]:
     def build(ctx: Context) -> Built:
         from gemlite.core import DType, GemLiteLinearTriton
 
+        # gemlite loads its shipped per-GPU tuned configs at import (configs/h100.json...), and its pruner then
+        # returns that one config per key: dropped, so that both arms tune, as FLA_CACHE_MODE=disabled does for FLA.
+        GemLiteLinearTriton.reset_config()
         in_features, out_features, nbits, group = 4096, 2048, 4, 128
         gen, dev = ctx.generator(), ctx.device
         w_q = torch.randint(0, 2 ** nbits - 1, (out_features, in_features), generator=gen, device=dev).to(torch.uint8)
