@@ -66,8 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     # The clients' forced environment (no persistent tuning results in either arm, CCE_AUTOTUNE=1, FLA's Triton
     # kernels only) and a fresh TRITON_CACHE_DIR for this job unless one is given.
     cache = run_clients.setup_env(args.arm)
-    # FlagGems' LibTuner keeps its results in an sqlite file under FLAGGEMS_CACHE_DIR: cold per job, like Triton's.
-    os.environ.setdefault("FLAGGEMS_CACHE_DIR", os.path.join(cache["dir"], "flaggems"))
+    # FlagGems' LibTuner keeps its results in an sqlite file under FLAGGEMS_CACHE_DIR: cold per job, and one per
+    # rank, so that plain ranks tune alone (as Triton's in-memory Autotuner.cache does) and never wait on one
+    # another's sqlite lock.
+    os.environ.setdefault("FLAGGEMS_CACHE_DIR",
+                          os.path.join(cache["dir"], f"flaggems-rank{os.environ.get('RANK', '0')}"))
     try:
         return run_job(args, cache)
     finally:
