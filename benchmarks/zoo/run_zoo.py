@@ -32,8 +32,8 @@ ROOT = HERE.parent.parent
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arm", choices=("plain", "ours"), required=True)
-    p.add_argument("--out", required=True, help="folder for the arm's JSON and outputs (shared by every arm)")
+    p.add_argument("--arm", choices=("plain", "ours"))
+    p.add_argument("--out", help="folder for the arm's JSON and outputs (shared by every arm)")
     p.add_argument("--cases", default="default",
                    help="'default', 'all', or comma-separated case names or library prefixes (see --list)")
     p.add_argument("--steady-iters", type=int, default=20, help="timed later calls per case (default 20)")
@@ -41,7 +41,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--list", action="store_true", help="print the cases and exit")
     p.add_argument("--keep-triton-cache", action="store_true",
                    help="keep the Triton cache directory this script created (default: removed at exit)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.list and not (args.arm and args.out):
+        p.error("--arm and --out are required (unless --list)")
+    return args
 
 
 def setup_paths() -> None:
