@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import types
@@ -131,9 +132,10 @@ def test_merge_writes_the_table_and_totals(zoo_run):
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[2] == cells[3] == "tuned"
         assert cells[4].startswith("ok (") and " / ok (" in cells[4]  # ours vs reference, ours vs plain
-        assert cells[5] == "yes / yes"
+        # Plain ranks tune alone (host-clock timings under the interpreter): they may differ; ours may not.
+        assert cells[5] in ("yes / yes", "NO (2 configs) / yes")
     assert "- cases run by ours: 2 (1 skipped); tuned: 2 (100%)" in text
-    assert "- keys whose ranks disagree, plain / ours: 0 / 0" in text
+    assert re.search(r"^- keys whose ranks disagree, plain / ours: [0-2] / 0$", text, re.M)
     assert "- wrong outputs (ours vs reference or vs plain): none; plain vs reference: none" in text
 
 
