@@ -117,17 +117,16 @@ def run_job(args: argparse.Namespace, cache: dict[str, Any]) -> int:
                 ranks.log(f"{case.name}: {skip}")
                 records.append({"case": case.name, "library": case.requirement, "arm": args.arm, "status": "skipped",
                                 "reason": skip})
-                continue
-            ranks.log(f"=== {case.name} [{args.arm}]: {case.summary}")
-            rec = run_case(case, ctx, args, out_dir)
-            ranks.log(f"{case.name} [{args.arm}]: {describe(rec)}", all_ranks=rec["status"] in ("error", "refused"))
-            records.append(rec)
-            run_clients.release_memory(ranks)
-            if ranks.rank == 0:
+            else:
+                ranks.log(f"=== {case.name} [{args.arm}]: {case.summary}")
+                rec = run_case(case, ctx, args, out_dir)
+                ranks.log(f"{case.name} [{args.arm}]: {describe(rec)}",
+                          all_ranks=rec["status"] in ("error", "refused"))
+                records.append(rec)
+                run_clients.release_memory(ranks)
+            if ranks.rank == 0:  # after every case: a job that is cut short keeps what it finished
                 write_json(path, {"arm": args.arm, "world": ranks.world, "meta": meta, "results": records})
-        if ranks.rank == 0:
-            write_json(path, {"arm": args.arm, "world": ranks.world, "meta": meta, "results": records})
-            print(f"wrote {path}", flush=True)
+        ranks.log(f"wrote {path}")
         ranks.barrier()  # no rank still compiles into the cache directory when it is removed
         return 0
     finally:
