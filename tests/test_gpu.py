@@ -91,13 +91,17 @@ def test_precompile_finds_compile_errors_before_any_slot(tmp_path):
     torch.testing.assert_close(op(x), x + 1)
     events = _events(tmp_path)
     (pre,) = [e for e in events if e["event"] == "precompile"]
-    assert list(pre["failures"]) == ["0"] and "CompileTimeAssertionFailure" in pre["failures"]["0"]
+    # Precompile rejects it; only its launch, with the real arguments, excludes it (on every rank).
+    assert pre["failures"] == {} and list(pre["rejected"]) == ["0"]
+    assert pre["rejected"]["0"].startswith("CompileTimeAssertionFailure: BLOCK over LIMIT")  # the cause first
     # The execution that met the key ran a config that had compiled (in config 0's warm-up slot, never a
-    # timed one), and no later slot tried config 0.
+    # timed one); config 0's next slot compiled it again and failed, and no later slot tried it.
     first, *rest = [e for e in events if e["event"] == "slot" and e["config_index"] == 0]
     assert first["step"] == 1 and not first["timed"] and first["ran"] not in (None, 0)
     assert pre["ran_meanwhile"] == [first["ran"]]
-    assert rest and all(e["failure"].startswith("skipped") for e in rest)
+    assert rest and "BLOCK over LIMIT" in rest[0]["failure"] and "(precompile rejected it too)" in rest[0]["failure"]
+    assert all(e["failure"].startswith("skipped") for e in rest[1:])
+    assert not [e for e in events if e["event"] == "precompile-disagreed"]
     autotuner(_limited).cache.clear()
 
 
@@ -120,7 +124,9 @@ def test_config_out_of_shared_memory_is_excluded(tmp_path):
     (best,) = autotuner(_matmul).cache.values()
     assert best.kwargs["BM"] in (64, 128)
     (pre,) = [e for e in _events(tmp_path) if e["event"] == "precompile"]
-    assert "OutOfResources" in pre["failures"]["0"]  # found when loading, before its first slot
+    assert "OutOfResources" in pre["rejected"]["0"]  # found when loading, before its first slot
+    (decision,) = [e for e in _events(tmp_path) if e["event"] == "decision"]
+    assert "OutOfResources" in decision["local_failures"]["0"]  # and confirmed by its launch
     autotuner(_matmul).cache.clear()
 
 

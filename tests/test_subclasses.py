@@ -146,16 +146,35 @@ class CachingLauncher(triton.KernelInterface):
         return self.fn.fn.run(*args, **kwargs, **self.kept[signature].all_kwargs())
 
 
-def test_a_caching_launcher_passes_launches_down_inside_a_tuning_call(tmp_path, monkeypatch):
-    monkeypatch.setitem(libraries.CACHING_LAUNCHERS, f"{__name__}.CachingLauncher", "keeps kernels (a stand-in)")
+def test_a_caching_launcher_keeps_only_winners(tmp_path, monkeypatch):
+    launcher = libraries.Launcher("keeps kernels (a stand-in)", lambda obj: obj.kept.clear())
+    monkeypatch.setitem(libraries.CACHING_LAUNCHERS, f"{__name__}.CachingLauncher", launcher)
     plain = triton.autotune(configs=block_configs([16, 32, 64], slow={16: SLOW_MS, 64: 2 * SLOW_MS}),
                             key=["n"])(_add_one)
     kernel = CachingLauncher(plain)
     patch.cover()  # (a resident patch from earlier tests: the next tuned call would cover it too)
-    x = torch.arange(100, dtype=torch.float32, device=DEVICE)
-    torch.testing.assert_close(_op(kernel, tmp_path)(x), x + 1)
-    assert kernel.kept == {}  # it kept nothing of the tuning call's trial configs
+
+    @contextual_autotune(n_warmup=1, n_repeat=2, early_stop=False, cache=False, log_dir=tmp_path)
+    def op(*xs: torch.Tensor) -> list[torch.Tensor]:
+        out = [x.clone() for x in xs]
+        for h in out:
+            kernel[lambda meta, n=h.numel(): (triton.cdiv(n, meta["BLOCK"]),)](h, h.numel())
+        return out
+
+    x, y = torch.arange(100.0, device=DEVICE), torch.arange(64.0, device=DEVICE)
+    torch.testing.assert_close(op(x)[0], x + 1)
+    assert kernel.kept == {}  # while the call tuned, every launch went down to the autotuner: nothing kept
     assert {k: c.kwargs["BLOCK"] for k, c in plain.cache.items()} == {(100, "torch.float32"): 32}
+    op(x)  # warm: the launcher keeps the winner, as it would outside tuning calls
+    assert {k[1]: c.kwargs["BLOCK"] for k, c in kernel.kept.items()} == {100: 32}
+    # A warm call that meets a new key mid-execution: its first launch ran a trial config, which the launcher
+    # kept; the call's end drops what the launcher kept, and the next call keeps the winners.
+    out = op(x, y)
+    torch.testing.assert_close(out[1], y + 1)
+    assert kernel.kept == {}
+    op(x, y)
+    assert {k[1]: c.kwargs["BLOCK"] for k, c in kernel.kept.items()} == {
+        100: 32, 64: plain.cache[(64, "torch.float32")].kwargs["BLOCK"]}
 
 
 def test_rules_are_per_class_and_the_known_table_names_flag_gems():

@@ -28,7 +28,7 @@ from ..runtime.compat import (
     prune_configs,
     restores,
 )
-from ..runtime.libraries import launch_refused, refused, tuning_key
+from ..runtime.libraries import after_tuning, cached_config, launch_refused, refused, tuning_key
 from ..runtime.patch import original_run
 from .exactly_once import StateGuard, paused
 from .session import CallStats, Session
@@ -68,7 +68,7 @@ class Call:
                 if refused(at):
                     return launch_refused(at, args, kwargs)
                 key = tuning_key(at, args, kwargs)
-                config = at.cache.get(key)
+                config = cached_config(at, key)
                 if config is None and self.opts.bucketing is not None:
                     config = self.bucket_winner(at, key)
                 if config is not None:
@@ -126,6 +126,7 @@ class Call:
         self.wall_s = time.perf_counter() - self.started
         if self.session is not None and not keep_session:
             self.session.close(exc_type, exc)
+            after_tuning()
 
     @property
     def stats(self) -> CallStats:

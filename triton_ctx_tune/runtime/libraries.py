@@ -14,14 +14,15 @@ patch.py covers both kinds while the patch is held (their `run` is replaced too)
   keeps its run: the patch of Autotuner.run sees the launch when it gets there;
 - any other subclass that overrides run is refused by name: a warning says what it does and how to
   tune it, and inside tuning calls it runs its first config, untuned, the same on every rank;
-- a caching launcher passes every launch made inside a tuning call straight down to its autotuner
-  (nothing it caches there outlives the call's choice, since it caches nothing then).
+- a caching launcher passes every launch made while a call tunes straight down to its autotuner, and
+  what it kept during a call that began tuning is dropped when that call ends (warm calls use its cache).
 Users declare their own subclasses with `tune_like_triton(cls, key=...)`.
 """
 from __future__ import annotations
 
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,11 +60,26 @@ KNOWN: dict[str, Subclass] = {s.name: s for s in (
              "loads FLA's shipped best config of a key into `cache`, then calls Triton's run", delegates=True),
 )}
 
-# Launchers that cache compiled kernels above an autotuner: module.QualName -> what they do.
-CACHING_LAUNCHERS: dict[str, str] = {
-    "flag_gems.utils.libentry.LibEntry": "caches the compiled kernel of each argument signature, with the config its "
-                                         "autotuner chose first, so later launches never reach Autotuner.run",
+@dataclass(frozen=True)
+class Launcher:
+    """A launcher that caches compiled kernels above an autotuner."""
+    does: str
+    forget: Callable[[Any], None]  # drop every kernel an instance has kept
+
+
+def _forget_libentry(launcher: Any) -> None:
+    for per_device in getattr(launcher, "kernel_cache", ()):
+        per_device.clear()
+
+
+# Launchers that cache compiled kernels above an autotuner, by where they are defined.
+CACHING_LAUNCHERS: dict[str, Launcher] = {
+    "flag_gems.utils.libentry.LibEntry": Launcher(
+        "caches the compiled kernel of each argument signature, with the config its autotuner ran first, so later "
+        "launches never reach Autotuner.run", _forget_libentry),
 }
+_launchers_seen: weakref.WeakSet[Any] = weakref.WeakSet()  # instances that ran inside a tuning call
+_mirror: dict[tuple[Any, Any], Any] = {}  # (autotuner, key) -> winner, for caches that are slow to read
 
 _declared: dict[type, Subclass] = {}
 _rules: dict[type, Subclass | None] = {}  # per class, once: rule() runs on every launch
@@ -166,13 +182,45 @@ def overriding_subclasses() -> Iterator[type]:
             yield cls
 
 
-def caching_launchers() -> Iterator[tuple[type, str]]:
+def caching_launchers() -> Iterator[type]:
     """The known caching launchers whose module is imported."""
-    for name, does in CACHING_LAUNCHERS.items():
+    for name in CACHING_LAUNCHERS:
         module, _, qualname = name.rpartition(".")
         cls = getattr(sys.modules.get(module), qualname, None)
         if isinstance(cls, type) and "run" in vars(cls):
-            yield cls, does
+            yield cls
+
+
+def note_launcher(launcher: Any) -> None:
+    """A caching launcher ran inside a call: what it keeps is dropped when a tuning call ends."""
+    _launchers_seen.add(launcher)
+
+
+def after_tuning() -> None:
+    """A tuning call has ended: the caching launchers that ran inside calls drop what they kept (a launch that
+    began a tuning call mid-execution ran a trial config, which they would otherwise keep running), and the
+    mirror of slow caches is read afresh (keys may have new winners)."""
+    for launcher in list(_launchers_seen):
+        for klass in type(launcher).__mro__:
+            entry = CACHING_LAUNCHERS.get(_qualified(klass))
+            if entry is not None:
+                entry.forget(launcher)
+                break
+    _mirror.clear()
+
+
+def cached_config(at: Any, key: Any) -> Any:
+    """at.cache.get(key), on the warm path: a dict as it is; a library's persistent cache (flag-gems' sqlite one,
+    a query per read) once per key, then from memory."""
+    cache = at.cache
+    if type(cache) is dict:
+        return cache.get(key)
+    hit = _mirror.get((at, key))
+    if hit is None:
+        hit = cache.get(key)
+        if hit is not None:
+            _mirror[(at, key)] = hit
+    return hit
 
 
 def cache_winners(at: Any) -> list[tuple[Any, Any]]:

@@ -53,11 +53,14 @@ def _subclass_dispatcher(cls: type) -> Callable[..., Any]:
 
 
 def _launcher_dispatcher(cls: type) -> Callable[..., Any]:
-    """For a launcher that caches compiled kernels above its autotuner: inside a tuning call every launch goes
-    down to the autotuner (whose config the call decides), and nothing is cached."""
+    """For a launcher that caches compiled kernels above its autotuner: while a call tunes, every launch goes
+    down to the autotuner (whose config the call decides) and nothing is cached; a warm call uses its cache."""
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if resolver.current() is not None:
-            return self.fn.run(*args, **kwargs)
+        call = resolver.current()
+        if call is not None:
+            libraries.note_launcher(self)
+            if call.session is not None:
+                return self.fn.run(*args, **kwargs)
         return _covered[cls][0].original(self, *args, **kwargs)
     return run
 
@@ -76,7 +79,7 @@ def cover() -> None:
         return
     _seen_subclasses = len(Autotuner.__subclasses__())
     found = [(cls, _subclass_dispatcher(cls)) for cls in libraries.overriding_subclasses()]
-    found += [(cls, _launcher_dispatcher(cls)) for cls, _ in libraries.caching_launchers()]
+    found += [(cls, _launcher_dispatcher(cls)) for cls in libraries.caching_launchers()]
     for cls, dispatcher in found:
         if cls not in _covered:
             patch = SharedPatch(cls, "run", dispatcher)

@@ -46,6 +46,7 @@ class TuningCall(Protocol):
     closed: bool
     token: Token | None
     previous: Any
+    session: Any  # None while the call is warm (it has not met an untuned key)
 
     def launch(self, at: Any, args: tuple, kwargs: dict[str, Any]) -> Any: ...
 
