@@ -368,8 +368,10 @@ class Precompiling:
         self.started = time.perf_counter()
         # Configs already failed (quarantined: they killed a process) are neither compiled nor run; carried
         # ones (incremental re-tuning) take no slot and compile at their first launch if they win.
+        # A budgeted search's configs beyond its first rung (state.later) compile at their first launch, if
+        # a rung ever chooses them.
         self.mine = [i for i in local_share(len(state.configs), comm) if i not in state.failures
-                     and i not in state.carried]
+                     and i not in state.carried and i not in state.later]
         self.ran_meanwhile: list[int] = []  # what first_ready() handed to the execution
         self._ready: list[int] = []
         self._settled = False
@@ -437,7 +439,7 @@ class Precompiling:
         # The others' binaries are in the shared Triton cache now: loading them here is cheap and keeps
         # the load out of the first slot (compiled here instead when caches are not shared).
         rest = [i for i in range(n) if i not in self.mine and i not in failures and i not in state.failures
-                and i not in state.carried]
+                and i not in state.carried and i not in state.later]
         _, more, _ = _compile(state, rest, self.args, self.kwargs, self.threads, self.timeout_s, pool, self.device)
         # A config can fail here alone (a timeout on this rank, a binary this GPU cannot load):
         # share that too, so every rank skips the same configs from the first slot on.
