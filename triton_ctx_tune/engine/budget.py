@@ -264,7 +264,7 @@ class BudgetSearch:
             self.phase = "done"
             finalists = self.pick_finalists(times)
             rung = {i: max(self.n_repeat - self.timed.get(i, 0), 0) for i in finalists}
-            if (spare := self._slots_spare(elapsed_s)) is not None:
+            if (spare := self._slots_left(elapsed_s)) is not None:
                 while sum(rung.values()) > spare and any(rung.values()):  # never past the budget
                     worst = max((i for i in finalists if rung[i]), key=finalists.index)
                     rung[worst] -= 1
