@@ -58,6 +58,8 @@ EVENTS: dict[str, EventSpec] = dict([
           "tie_break", "confirmed", "split", "readmitted"),
     _spec("readmit", "configs a split screening dropped, timed in lockstep after all", "kernel", "key", "point",
           "configs", "screen_ms", "lockstep_best", "factor"),
+    _spec("rung", "a budgeted search's next rung of configs (engine/budget.py)", "kernel", "key", "point", "rung",
+          "configs", "new", "slots", "explored", "measure", "limit", "spent", "best"),
     _spec("confirm", "a key's close candidates, re-timed interleaved before its decision", "kernel", "key", "point",
           "candidates", "rounds", "reduced", "margins", "end_to_end"),
     _spec("point-decision", "a function-level winner (autotune())", "function", "winner", "points", "reduced",

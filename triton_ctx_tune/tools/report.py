@@ -372,6 +372,7 @@ IGNORED: dict[str, str] = {
     "slot": "raw samples; the decision carries their reduced statistics",
     "step": "raw end-to-end samples; the decision or point-decision carries their reduced statistics",
     "screen": "a screening pass's survivors; the decision that follows names the configs screened out",
+    "rung": "a budgeted search's rungs; the decision and the cache entry's tuned.budget say what it explored",
     "readmit": "configs a split screening dropped and lockstep timing brought back; the decision names them",
     "confirm": "the close candidates a key re-times; its decision names them (confirmed) with their times after",
     "point-failed": "a point's failure; the point-decision carries every point's failure",
