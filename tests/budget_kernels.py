@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import triton
@@ -35,8 +36,8 @@ def cost_ms(point: dict[str, Any]) -> float:
                       + 0.15 * (point["num_stages"] != BEST["num_stages"]))
 
 
-def _hook(point: dict[str, Any]) -> Any:
-    spend = costly(lambda nargs: cost_ms(point))
+def _hook(point: dict[str, Any], extra: Callable[[dict[str, Any]], float] | None = None) -> Any:
+    spend = costly(lambda nargs: cost_ms(point) + (extra(point) if extra is not None else 0.0))
     name = ",".join(f"{k}={v}" for k, v in point.items())
 
     def hook(nargs: dict[str, Any]) -> None:
@@ -46,13 +47,14 @@ def _hook(point: dict[str, Any]) -> Any:
     return hook
 
 
-def configs() -> list[triton.Config]:
+def configs(extra: Callable[[dict[str, Any]], float] | None = None) -> list[triton.Config]:
+    """The space; `extra(point)`: ms more for a config (a rank-dependent cost, say)."""
     out = []
     for values in itertools.product(*SPACE.values()):
         point = dict(zip(SPACE, values))
         meta = {k: point[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
         out.append(triton.Config(meta, num_warps=point["num_warps"], num_stages=point["num_stages"],
-                                 pre_hook=_hook(point)))
+                                 pre_hook=_hook(point, extra)))
     return out
 
 
@@ -68,6 +70,6 @@ def _tiled_add_one(x_ptr, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
 
 
-def make_kernel() -> Any:
+def make_kernel(extra: Callable[[dict[str, Any]], float] | None = None) -> Any:
     """A fresh autotuned kernel over the whole space (its own Autotuner.cache)."""
-    return triton.autotune(configs=configs(), key=["n"])(_tiled_add_one)
+    return triton.autotune(configs=configs(extra), key=["n"])(_tiled_add_one)

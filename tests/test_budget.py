@@ -120,3 +120,32 @@ def test_bad_budgets_say_how_to_write_one(value):
         TuneOptions(budget=value)
     with pytest.raises(InvalidOptionError, match="online"):
         TuneOptions(budget=30.0, online=True)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_rank_follows_rank_0s_rungs_and_budget(world, tmp_path):
+    from tests.test_dist import run_ranks
+
+    results = run_ranks(world, ["budget_executions", "budget_seconds", "budget_continue"], tmp_path,
+                        worker="budget_worker.py")
+    for name in ("budget_executions", "budget_seconds"):
+        rows = results[name]
+        for row in rows:
+            assert "error" not in row, row.get("traceback")
+        # The same rungs (every decision), winner and executions on every rank, though each rank's costs differ.
+        for f in ("rungs", "winner", "executions", "explored_here", "out"):
+            assert all(row[f] == rows[0][f] for row in rows), (name, f, [row[f] for row in rows])
+        assert len(rows[0]["rungs"]) >= 3
+        assert rows[0]["cost"] <= 1.3 * bk.BASE_MS + 0.4
+    (record,) = results["budget_executions"][0]["entry"]
+    assert record["spent"]["executions"] == 150 and record["decided_by_budget"]
+    rows = results["budget_continue"]
+    for row in rows:
+        assert "error" not in row, row.get("traceback")
+    for f in ("rungs", "winner", "executions", "explored_here"):
+        assert all(row["second"][f] == rows[0]["second"][f] for row in rows)
+    (record,) = rows[0]["second"]["entry"]
+    assert record["continued"] and len(record["explored"]) == 45
+    # New configs, not repeats: 25 new ones and the earlier run's best 3 as anchors.
+    assert rows[0]["second"]["explored_here"] == 25 + 3
