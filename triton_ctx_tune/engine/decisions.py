@@ -195,11 +195,18 @@ class Decisions:
         (carried-over times have no samples to compare). A key that overlapped another stream's work
         (objective "auto", re-execution: an end-to-end sample is a whole step) is confirmed on the call's
         time, as objective="end_to_end" would judge it, but for its few close candidates only. Rank 0's
-        own view of the overlap decides, for every rank."""
+        own view of the overlap decides, for every rank.
+
+        A kernel key of a function-level point (autotune()) is confirmed end to end too, overlapped or not:
+        the point it serves is judged by the call's time, so its kernels are decided by the same rule, and
+        a config that is fastest alone but slows what the point overlaps it with (a GEMM beside the point's
+        all-gather) cannot cost its point the decision (issue 35, docs/function-spaces.md)."""
         opts = self.services.opts
         if not (isinstance(s, KeyState) and opts.resolved_confirm()) or s.confirmed is not None or s.end_to_end:
             return [], False
-        end_to_end = s.overlapped and opts.objective == "auto" and not opts.online and not opts.cuda_graph
+        in_point = s.point is not None and self.services.search.points is not None
+        end_to_end = ((s.overlapped or in_point) and opts.objective == "auto" and not opts.online
+                      and not opts.cuda_graph)
         close, _ = close_candidates(choice, self._times(s, reduced), overlapped=end_to_end)
         close = [j for j in close if j not in s.carried]
         return (close, end_to_end) if len(close) > 1 else ([], False)
