@@ -120,7 +120,7 @@ class Budget:
     """
     # Wall-clock seconds from the key's first launch, as rank 0 measures them: rank 0 sizes each rung from
     # its own elapsed time and broadcasts the rung, so every rank follows the same plan. The first rung is
-    # fixed (it measures what a config costs); the budget can be overrun by at most one rung.
+    # fixed (8 configs: it measures what a config costs); the budget can be overrun by at most one rung.
     seconds: float | None = None
     # Measured runs of the key's configs, warm-ups included: one launch for a key timed per launch, one
     # whole execution of the function for a key timed end to end. Exact: the key takes at most this many

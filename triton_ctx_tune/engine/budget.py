@@ -26,7 +26,9 @@ The winner is chosen among the finalists by the usual near-tie rule (state.stabl
 Budgets (each per key): `executions` counts slots (warm-ups included), `compiles` counts distinct
 configs launched, `seconds` is rank 0's wall clock from the key's first launch; rank 0 converts what is
 left into a number of new configs at each rung's end from what a config has cost so far, and the
-first spread rung is sized before anything is measured (EARLY_RUNG configs).
+first spread rung is sized before anything is measured (EARLY_RUNG configs); once the seconds are spent,
+the key is decided on the samples it has (no halving or final re-timing). So a seconds budget is overrun
+by at most one rung (or the first rung, when that alone takes longer).
 
 A cache entry written by a budgeted search records what it explored and spent (`tuned.budget`); a later
 run whose budget goes further continues from it (`Prior`): it re-times the earlier run's best
@@ -253,6 +255,8 @@ class BudgetSearch:
                 if rung:
                     return rung
             self.phase = "halve"
+        if self.phase in ("halve", "final") and self._out_of_time(elapsed_s):
+            self.phase = "done"  # a seconds budget already spent: decide on the samples there are
         if self.phase == "halve":
             self.phase = "final"
             mine = [i for i in ranked if i in self.launched]
@@ -276,6 +280,9 @@ class BudgetSearch:
             if rung:
                 return rung
         return {}
+
+    def _out_of_time(self, elapsed_s: float) -> bool:
+        return self.measure == "seconds" and self.spent(elapsed_s)["seconds"] >= self.limit
 
     def _unexplored_set(self) -> set[int]:
         return set(self._unexplored())
