@@ -149,3 +149,14 @@ def test_every_rank_follows_rank_0s_rungs_and_budget(world, tmp_path):
     assert record["continued"] and len(record["explored"]) == 45
     # New configs, not repeats: 25 new ones and the earlier run's best 3 as anchors.
     assert rows[0]["second"]["explored_here"] == 25 + 3
+
+
+def test_the_report_lists_only_the_explored_configs_and_says_how_many(tmp_path):
+    from triton_ctx_tune.tools.report import build, format_report
+
+    _run(bk.make_kernel(), tmp_path, "60 executions")
+    text = format_report(build(tmp_path / "logs"))
+    assert "failures   none" in text
+    explored = len(_entry(tmp_path)["tuned"]["budget"]["explored"])
+    assert f"budget     explored {explored} of 1200 configs" in text
+    assert sum(1 for line in text.splitlines() if "BLOCK_M=" in line and line.startswith("    ")) == explored

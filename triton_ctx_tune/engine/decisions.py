@@ -314,7 +314,8 @@ class Decisions:
                       executions=svc.stats.executions, tuning_s=s.tuning_s,
                       fastest=None if choice is None else choice.fastest, ties=None if choice is None else choice.ties,
                       band=None if choice is None else choice.band, spread=None if choice is None else choice.spread,
-                      tie_break=how, confirmed=s.confirmed, split=s.split, readmitted=s.readmitted)
+                      tie_break=how, confirmed=s.confirmed, split=s.split, readmitted=s.readmitted,
+                      unexplored=_unexplored(s))
         svc.log.summary(f"{svc.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
                         f"({len(s.configs)} configs, {failed} failed, {len(s.dropped)} screened out, {over}, "
                         f"{s.tuning_s:.2f} s)")
@@ -393,6 +394,15 @@ def _carry_over(s: KeyState, reduced: torch.Tensor, per_rank: torch.Tensor) -> N
     for j, (stats, ranks) in s.incremental.carried_times(s.scale).items():
         reduced[j] = torch.tensor(stats, dtype=reduced.dtype)
         per_rank[:, j, 0] = torch.tensor(ranks, dtype=per_rank.dtype)
+
+
+def _unexplored(s: KeyState) -> list[int]:
+    """The configs a budgeted search never ran (nor an earlier run it continued)."""
+    b = s.budget
+    if b is None:
+        return []
+    seen = b.launched | (b.prior.explored if b.prior is not None else set())
+    return [j for j in range(len(s.configs)) if j not in seen]
 
 
 def _budget_carried(s: KeyState) -> set[int]:
