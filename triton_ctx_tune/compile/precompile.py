@@ -459,3 +459,22 @@ def precompile(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Colle
                timeout_s: float = math.inf, workers: int = 0) -> Compiled:
     """Compile every config of `state` now, before its first slot (both halves at once)."""
     return Precompiling(state, args, kwargs, comm, threads, timeout_s, workers).finish(comm)
+
+
+def prefetch(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
+             timeout_s: float = math.inf, workers: int = 0) -> threading.Thread | None:
+    """Compile a budgeted search's next rung (engine/budget.py) in the background, with no collective: this rank
+    compiles all of `indices` into Triton's cache, so the rung's warm-up slots find them compiled. Nothing waits
+    for it; a config that cannot compile fails at its launch, which marks it failed as any launch does."""
+    if not indices or interpret_mode():
+        return None
+    device = _device()
+    pool = _pool(workers, state)
+
+    def run() -> None:
+        try:
+            _compile(state, indices, args, kwargs, threads, timeout_s, pool, device, load=False)
+        except Exception:  # noqa: BLE001 (a head start only: the launch compiles, and reports, what failed here)
+            pass
+
+    return _start_thread(run, "ctx-tune-prefetch")

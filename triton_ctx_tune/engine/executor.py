@@ -151,6 +151,12 @@ class Executor:
             return self._untimed(state, state.step_config() if index in state.failures else index,
                                  SlotRecord(None, None), args, kwargs)
         self.tuning_launches += 1
+        if state.prefetch:  # a budgeted search's new rung: its configs compile behind its first slots
+            todo, state.prefetch = state.prefetch, []
+            if self.opts.resolved_precompile():
+                threads = self.opts.compile_threads or precompile.default_threads()
+                precompile.prefetch(state, todo, args, kwargs, threads, self.opts.resolved_compile_timeout(),
+                                    self.opts.resolved_compile_workers())
         return self._run_slot(state, args, kwargs)
 
     def _while_compiling(self, state: KeyState, args: tuple, kwargs: dict[str, Any]) -> Any:

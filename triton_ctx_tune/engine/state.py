@@ -94,6 +94,7 @@ class Tunable:
     # Budgeted search (budget.py): the plan grows one rung at a time, each decided at the last one's end.
     budget: BudgetSearch | None = None
     later: set[int] = field(default_factory=set)  # configs not in the first rung: precompile leaves them
+    prefetch: list[int] = field(default_factory=list)  # a later rung's new configs, to compile in the background
 
     def __post_init__(self) -> None:
         self.samples = [[] for _ in self.configs]
@@ -102,6 +103,7 @@ class Tunable:
             rung = self.budget.first_rung()
             self.later = set(range(len(self.configs))) - set(rung)
             self.add_rung(rung)
+            self.prefetch = []  # the first rung is precompiled
             return
         self.screening = self.early_stop is not None and self.n_repeat > 1
         first = (self.screening_warmups(), 1) if self.screening else (self.n_warmup, self.n_repeat)
@@ -204,6 +206,7 @@ class Tunable:
         assert self.budget is not None
         planned = self.budget.apply(rung)
         self.later -= set(rung)
+        self.prefetch = [c for c, warm, _ in planned if warm and c not in self.failures]
         for c, warm, timed in planned:
             if warm:
                 self._extend([c], warm, timed)
