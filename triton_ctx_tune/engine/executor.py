@@ -269,6 +269,8 @@ class Executor:
                  and self.assignment.point is None)
         search = self._budget_search(at, configs, lookup)
         split = split and search is None  # a budgeted search's rungs are timed in lockstep
+        if search is not None:
+            plan = None  # a budgeted search plans its own rungs: no incremental re-tuning (every rank alike)
         state = KeyState(autotuner=at, key=key, configs=configs, n_warmup=self.opts.n_warmup,
                          n_repeat=self.opts.n_repeat, kernel=kernel_name(at), early_stop=self.services.early_stop,
                          point=self.assignment.point, end_to_end=end_to_end,
