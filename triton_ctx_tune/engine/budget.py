@@ -95,6 +95,7 @@ class BudgetSearch:
     slots: int = 0
     rungs: list[list[int]] = field(default_factory=list)
     finalists: list[int] | None = None
+    last_retimed: bool = False  # the last rung re-timed configs already launched (halving, final)
     # Rank 0's own progress through the phases (only rank 0's next_rung() is ever followed).
     phase: str = "explore"
     explore_total: int = 0  # new configs the budget allows (counted budgets)
@@ -247,9 +248,10 @@ class BudgetSearch:
                 per = -(-left // 4) if self.measure == "seconds" else -(-self.explore_total // 8)
                 size = min(left, max(2, per))
                 rung: dict[int, int] = {}
+                fresh = set(self._unexplored())
                 for parent in ranked[:TOP_PARENTS]:
                     for j in self.neighbours(parent):
-                        if len(rung) < size and j in self._unexplored_set():
+                        if len(rung) < size and j in fresh:
                             rung[j] = 1
                 rung.update({i: 1 for i in self.spread(size - len(rung), rung)})
                 if rung:
@@ -284,22 +286,23 @@ class BudgetSearch:
     def _out_of_time(self, elapsed_s: float) -> bool:
         return self.measure == "seconds" and self.spent(elapsed_s)["seconds"] >= self.limit
 
-    def _unexplored_set(self) -> set[int]:
-        return set(self._unexplored())
-
     def _slots_left(self, elapsed_s: float) -> int | None:
         if self.measure != "executions":
             return None
         return int(self.limit - self.spent(elapsed_s)["executions"])
 
     def pick_finalists(self, times: list[float]) -> list[int]:
-        """The configs the decision chooses among: the F fastest launched in this run (the same on every rank:
-        it reads only the reduced times and the agreed plan)."""
+        """The configs the decision chooses among, the same on every rank (it reads only the reduced times and
+        the agreed plan): after a re-timing rung (the final, or the halving), the F fastest of that rung, so that
+        no config with fewer samples slips in; after an exploring rung (a seconds budget ran out), the F fastest
+        launched in this run."""
         now = self.current_times(times)
-        return [i for i in self.ranked(now) if i in self.launched][:FINALISTS]
+        pool = set(self.rungs[-1]) if self.rungs and self.last_retimed else self.launched
+        return [i for i in self.ranked(now) if i in pool][:FINALISTS]
 
     def apply(self, rung: dict[int, int]) -> list[tuple[int, int, int]]:
         """Every rank: add the rung to the agreed state; (config, warm-ups, timed slots) per config, by index."""
+        self.last_retimed = all(i in self.launched for i in rung)
         out = []
         for i in sorted(rung):
             warm = 0 if i in self.launched else 1
