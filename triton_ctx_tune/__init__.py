@@ -23,11 +23,12 @@ from .compile.compile_workers import start_compile_workers  # noqa: E402
 from .runtime.patch import autotuner_patch  # noqa: E402
 from .runtime.resolver import carry  # noqa: E402
 from .engine.session import CallStats  # noqa: E402
+from .options import Budget  # noqa: E402
 from .tuner import ContextualAutotuner, contextual_autotune  # noqa: E402
 from .function_tuner import FunctionAutotuner, autotune  # noqa: E402
 
-__all__ = ["contextual_autotune", "ContextualAutotuner", "autotune", "FunctionAutotuner", "start_compile_workers",
-           "autotuner_patch", "carry", "CallStats", "CtxTuneError",
+__all__ = ["contextual_autotune", "ContextualAutotuner", "autotune", "FunctionAutotuner", "Budget",
+           "start_compile_workers", "autotuner_patch", "carry", "CallStats", "CtxTuneError",
            "InvalidOptionError", "EmptyConfigSpaceError", "NoValidConfigError", "RankMismatchError",
            "CollectiveTimeoutError", "TuneDuringCaptureError", "UnattributedLaunchWarning", "NoValidPointError",
            "UserHookError", "NoProcessGroupError", "NothingToValidateError", "StateNotRestorableError", "__version__"]
