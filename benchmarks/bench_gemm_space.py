@@ -186,15 +186,24 @@ def main(argv: list[str] | None = None) -> int:
         inputs.append((a, b, torch.empty(M, N, device=device, dtype=dtype)))
     print(f"bench_gemm_space: {len(configs)} configs x {len(inputs)} shapes {SHAPES[size]} on {device} "
           f"{str(dtype).removeprefix('torch.')}", flush=True)
-    runs = [tune("exhaustive", configs, inputs, out, args)]
+
+    def partial() -> None:  # what has run so far, in case the device's time limit ends the run early
+        done = [{k: v for k, v in r.items() if k != "config_text"} for r in runs]
+        benchlib.write_json(out / "gemm_space-partial.json", {"runs": done})
+
+    runs: list[dict[str, Any]] = []
+    runs.append(tune("exhaustive", configs, inputs, out, args))
+    partial()
     print(f"  exhaustive: {runs[0]['wall_s']:.1f} s, {runs[0]['executions']} executions", flush=True)
     for f in args.fractions:
         seconds = f * runs[0]["wall_s"]
         runs.append(tune(f"budget{f:g}", configs, inputs, out, args, Budget(seconds=seconds)))
         print(f"  budget {f:g} ({seconds:.1f} s a key): {runs[-1]['wall_s']:.1f} s", flush=True)
+        partial()
     for n in args.compiles:
         runs.append(tune(f"compiles{n}", configs, inputs, out, args, Budget(compiles=n)))
         print(f"  compiles {n}: {runs[-1]['wall_s']:.1f} s", flush=True)
+        partial()
     ms = retime(configs, inputs, runs, args.rounds)
     rows = []
     for r in runs:
