@@ -160,3 +160,20 @@ def test_the_report_lists_only_the_explored_configs_and_says_how_many(tmp_path):
     explored = len(_entry(tmp_path)["tuned"]["budget"]["explored"])
     assert f"budget     explored {explored} of 1200 configs" in text
     assert sum(1 for line in text.splitlines() if "BLOCK_M=" in line and line.startswith("    ")) == explored
+
+
+def test_a_perf_model_with_top_k_seeds_the_first_rung(tmp_path):
+    def model(**kw):  # a perfect model: the declared cost itself
+        return bk.cost_ms({k: kw[k] for k in bk.SPACE})
+
+    kernel = triton.autotune(configs=bk.configs(), key=["n"],
+                             prune_configs_by={"perf_model": model, "top_k": 600})(bk._tiled_add_one)
+    _run(kernel, tmp_path, "12 compiles")
+    (chosen,) = autotuner(kernel).cache.values()
+    assert bk.point_of(chosen) == bk.BEST
+    # Triton's pruning kept the model's 600 best, best first; the first rung took the model's first picks
+    # (config #0 among them) beside its spread sample, so the best was compiled before any rung was decided.
+    assert len(_entry(tmp_path)["timings"]) == 600
+    (pre,) = _events(tmp_path, "precompile")
+    assert 0 in pre["mine"] and len(pre["mine"]) == 6
+    assert len(_entry(tmp_path)["tuned"]["budget"]["explored"]) == 12

@@ -12,8 +12,9 @@ The rungs, in order:
 1. **Spread.** Half of the configs the budget can explore, chosen to cover the space: a
    farthest-point sample over each config's tile coordinates (BLOCK_*, GROUP_*, num_warps,
    num_stages, any other meta-parameter: each value's rank among that parameter's values, scaled to
-   [0, 1]), starting from the middle of the space. When the kernel has a `perf_model`, Triton's own
-   pruning has already sorted the configs by it: the model's first picks take half of this rung.
+   [0, 1]), starting from the middle of the space. When the kernel has a `perf_model` with a `top_k`,
+   Triton's own pruning has already cut and sorted the configs by it: the model's first picks take half of
+   this rung.
 2. **Local search.** Rungs of about an eighth of the explorable configs each: the unexplored
    neighbours (one parameter one step up or down, then two parameters at once) of the three fastest
    configs so far; when none is left, more spread samples. Until the budget for new configs is spent.

@@ -309,7 +309,7 @@ class Executor:
             return None  # the budget covers every config: tuned as without one
         prior = None if lookup is None or lookup.prior is None else Prior(*lookup.prior)
         return BudgetSearch(configs, budget.measure, budget.limit, self.opts.n_repeat,
-                            model_ranked=getattr(at, "perf_model", None) is not None, prior=prior)
+                            model_ranked=model_ranked(at, configs), prior=prior)
 
     def _precompiled(self, state: KeyState, done: precompile.Compiled) -> None:
         state.precompiled = True
@@ -496,3 +496,9 @@ class Executor:
                                config_index=slot.config if r.slot else None, iteration=slot.iteration,
                                timed=slot.timed, ms=r.ms, failure=r.failure, ran=r.ran)
             state.records.clear()
+
+
+def model_ranked(at: Autotuner, configs: list) -> bool:
+    """Whether Triton's own pruning sorted `configs` by the kernel's perf_model: it does when a perf_model and
+    a top_k below the config count cut the list (prune_configs_by), best estimate first."""
+    return getattr(at, "perf_model", None) is not None and len(configs) < len(at.configs)
