@@ -16,6 +16,9 @@ gather j; the GEMM is a @triton.autotune kernel whose key (per-chunk M) changes 
                  the function space swept with that config
   exhaustive     the oracle: every (point, GEMM config) timed carefully (per-call CUDA events with L2 flushed,
                  --exh-iters calls, --exh-rounds interleaved rounds, median of rounds of the MAX over ranks)
+  budget10       ours with budget= (docs/search.md) at 10% of the exhaustive arm's cold time, in seconds, split
+                 evenly over the GEMM keys (one per point: a budget is per kernel key); needs exhaustive in
+                 --arms, which then runs first. The points themselves are not budgeted.
 Each arm tunes twice: cold (a fresh TRITON_CACHE_DIR and fresh JITFunctions) and warm (same process, kernels
 compiled, tuning caches cleared). Then every arm's chosen setup and the exhaustive best are re-measured the same
 way (--rounds interleaved rounds of --op-iters calls, MAX over ranks per round, median of rounds), each checked
@@ -35,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ARMS = ("ours", "ours_e2e", "ours_per_kernel", "tdist", "gemm_alone", "exhaustive")
+ARMS = ("ours", "ours_e2e", "ours_per_kernel", "tdist", "gemm_alone", "exhaustive", "budget10")
+BUDGET_FRACTION = 0.10  # budget10: the exhaustive sweep's cold time, this fraction of it, shared by the GEMM keys
 UNAVAILABLE_OURS = "unavailable (triton_ctx_tune.autotune missing)"
 
 
@@ -57,8 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="folder of the JSON result (default benchmarks/results/<commit>)")
     p.add_argument("--no-warm", action="store_true", help="tune each arm once (cold) only")
-    p.add_argument("--ours-objective", default="per_launch", choices=("per_launch", "end_to_end"),
-                   help="ours: how the GEMM's configs are judged inside each point (default per_launch)")
+    p.add_argument("--ours-objective", default="auto", choices=("auto", "per_launch", "end_to_end"),
+                   help="ours: how the GEMM's configs are judged inside each point (default auto, the library's "
+                        "default: per launch, and end to end for a point's close candidates, issue 35)")
     p.add_argument("--n-repeat", type=int, help="ours: n_repeat (default 5; --small 2)")
     p.add_argument("--n-warmup", type=int, help="ours: n_warmup (default 3; --small 1)")
     p.add_argument("--tdist-warmup", type=int, default=5, help="tdist: warm-up runs per point (default 5)")
@@ -82,6 +87,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [a for a in args.arms if a not in ARMS] + [s for s in args.comm if s not in ("same", "side", "side_hi")]
     if unknown:
         p.error(f"unknown arm or comm setup: {unknown}")
+    if "budget10" in args.arms:
+        if "exhaustive" not in args.arms:
+            p.error("budget10 needs exhaustive in --arms: its budget is a fraction of the exhaustive sweep's time")
+        # The exhaustive sweep runs first: its cold time sets the budget.
+        args.arms = ("exhaustive",) + tuple(a for a in args.arms if a != "exhaustive")
     return args
 
 
@@ -148,6 +158,7 @@ class Ctx:
     space: list
     configs: list
     log_dir: str
+    budget_s: float | None = None  # budget10: seconds per GEMM key (set once the exhaustive arm has run)
 
     def op(self, gemm: Any) -> Any:
         from ag_gemm_ops import AgGemm
@@ -198,7 +209,7 @@ def argmin(xs: list[float]) -> int:
 
 # ---- the arms ------------------------------------------------------------------------------------------
 
-def arm_ours(ctx: Ctx, gemm: Any, objective: str | None = None) -> ArmRun:
+def arm_ours(ctx: Ctx, gemm: Any, objective: str | None = None, budgeted: bool = False) -> ArmRun:
     import triton_ctx_tune
     from ag_gemm_ops import Point
     from benchlib import rel_fro, timed
@@ -215,9 +226,14 @@ def arm_ours(ctx: Ctx, gemm: Any, objective: str | None = None) -> ArmRun:
         return tuple(a_shard.shape), tuple(b_shard.shape), str(a_shard.dtype)
 
     a = ctx.args
+    extra: dict[str, Any] = {}
+    if budgeted:
+        if ctx.budget_s is None:
+            raise ArmUnavailable("unavailable (budget10 needs the exhaustive arm's time)")
+        extra["budget"] = ctx.budget_s
     tuned = autotune([p.kwargs() for p in ctx.space], key_fn=key_fn, prune_fn=None, is_dist=True,
                      n_repeat=a.n_repeat, n_warmup=a.n_warmup, quiet=True, log_dir=ctx.log_dir,
-                     objective=objective or a.ours_objective)(ag_gemm)
+                     objective=objective or a.ours_objective, **extra)(ag_gemm)
     gemm.cache.clear()
     c, wall, per_rank = timed(ctx.ranks, lambda: tuned(ctx.a, ctx.b))
     stats = tuned.last_call
@@ -228,7 +244,8 @@ def arm_ours(ctx: Ctx, gemm: Any, objective: str | None = None) -> ArmRun:
         cfg = op.tuned_config(ctx.a, ctx.b, p.chunks)
         choice = Choice(p, cfg) if cfg is not None else None
     details = {"wall_s_per_rank": per_rank, "last_call_wall_s": getattr(stats, "wall_s", None),
-               "point": point, "gemm_cache": {str(k): str(v) for k, v in gemm.cache.items()}}
+               "point": point, "gemm_cache": {str(k): str(v) for k, v in gemm.cache.items()},
+               "budget_s_per_key": extra.get("budget")}
     if choice is None:
         details["note"] = "no chosen setup: last_call.point missing or its GEMM key not in the Autotuner cache"
     return ArmRun(wall, choice, int(getattr(stats, "executions", 0)), details, [rel_fro(c, ctx.ref)])
@@ -361,7 +378,7 @@ ARM_FUNCS: dict[str, Callable[[Ctx, Any], ArmRun]] = {
     "ours": arm_ours, "ours_e2e": functools.partial(arm_ours, objective="end_to_end"),
                                                       "ours_per_kernel": arm_ours_per_kernel, "tdist": arm_tdist,
                                                       "gemm_alone": arm_gemm_alone,
-    "exhaustive": arm_exhaustive}
+    "exhaustive": arm_exhaustive, "budget10": functools.partial(arm_ours, budgeted=True)}
 
 
 # ---- the run -------------------------------------------------------------------------------------------
@@ -394,6 +411,8 @@ def run(args: argparse.Namespace, ranks: Any, first_cache: str) -> int:
         space_check = check_space(ctx)
         for arm in args.arms:
             results[arm] = tune_arm(ctx, arm, caches)
+            if arm == "exhaustive" and results[arm].get("cold"):
+                ctx.budget_s = BUDGET_FRACTION * results[arm]["cold"]["wall_s"] / max(len(ctx.space), 1)
         remeasure(ctx, results)
     finally:
         caches.cleanup()
@@ -517,7 +536,7 @@ def summarize(ctx: Ctx, results: dict[str, dict[str, Any]], tol: float) -> dict[
                      "rel_err": max(errs) if errs else None, "correct": bool(errs) and max(errs) < tol}
     targets = []
     exh = rows.get("exhaustive")
-    for name in ("ours", "ours_e2e"):
+    for name in ("ours", "ours_e2e", "budget10"):
         ours = rows.get(name)
         if not (ours and exh and ours["status"] == "ok" and exh["status"] == "ok"):
             continue

@@ -86,6 +86,8 @@ def run_schedule(s: dict[str, Any], logs: Path) -> dict[str, Any]:
                    split_screening=s["split"], online=s["driver"] == "online", precompile=s["precompile"])
     if s["early_stop"] is False:
         options["early_stop"] = False
+    if s.get("budget") is not None:
+        options["budget"] = s["budget"]
     if s["space"]:
         @autotune(config_space=[{"extra": 0}, {"extra": 1}], key_fn=lambda call: 0, is_dist=True,
                   **{k: v for k, v in options.items() if k != "online"})

@@ -91,7 +91,7 @@ def test_ours_per_kernel_tuned_inside_every_point(result):
 
 
 def test_table_names_every_arm(result):
-    for arm in ("ours", "ours_e2e") + BASELINE_ARMS:
+    for arm in ("ours", "ours_e2e", "budget10") + BASELINE_ARMS:
         assert f"| {arm} |" in result["stdout"]
 
 
@@ -101,8 +101,13 @@ def test_ours_joint_tuning(result):
         assert row["status"] == "unavailable (triton_ctx_tune.autotune missing)"
         assert "| ours | unavailable (triton_ctx_tune.autotune missing) |" in result["stdout"]
         pytest.skip("triton_ctx_tune.autotune is not implemented on this branch yet")
-    for arm in ("ours", "ours_e2e"):
+    for arm in ("ours", "ours_e2e", "budget10"):
         _assert_arm_correct(result, arm)
         assert result["arms"][arm]["cold"]["tuning_output_rel_err"] < result["summary"]["tolerance"]
     targets = [t["name"] for t in result["summary"]["targets"]]
     assert "ours_e2e e2e / exhaustive best" in targets and "ours e2e / exhaustive best" in targets
+    # budget10: ours with a seconds budget per GEMM key, a tenth of the exhaustive sweep's cold time over the points
+    details = result["arms"]["budget10"]["cold"]["details"]
+    exhaustive_s = result["arms"]["exhaustive"]["cold"]["wall_s"]
+    assert details["budget_s_per_key"] == pytest.approx(0.1 * exhaustive_s / len(result["meta"]["points"]))
+    assert "budget10 e2e / exhaustive best" in targets

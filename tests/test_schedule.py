@@ -49,7 +49,12 @@ def generate(rng: random.Random, world: int, sid: int) -> dict[str, Any]:
     # StateNotRestorableError (its unwatched first execution cannot be undone): right, but no schedule to test.
     keys[0]["first_call"] = 0
     keys[0]["launches"] = max(keys[0]["launches"], 1)
+    # A budgeted search (engine/budget.py) in some re-execution schedules, drawn from a generator of its own so
+    # that every other draw, and so every earlier seed's schedules, stay as they were.
+    budget = random.Random(sid * 7919 + world).choice([None, None, None, "4 executions", "7 executions",
+                                                       "2 compiles", "3 compiles", 0.05])
     return {"id": sid, "world": world, "driver": driver, "space": space, "keys": keys,
+            "budget": budget if driver == "reexec" else None,
             "split": rng.random() < 0.7, "precompile": rng.random() < 0.5,
             "early_stop": rng.choice([None, None, False]),
             "n_warmup": rng.randint(0, 2), "n_repeat": rng.randint(1, 3),

@@ -158,7 +158,8 @@ def test_a_caching_launcher_keeps_only_winners(tmp_path, monkeypatch):
     def op(*xs: torch.Tensor) -> list[torch.Tensor]:
         out = [x.clone() for x in xs]
         for h in out:
-            kernel[lambda meta, n=h.numel(): (triton.cdiv(n, meta["BLOCK"]),)](h, h.numel())
+            n = h.numel()
+            kernel[(triton.cdiv(n, 16),)](h, n)  # a fixed grid of BLOCK 16's programs: right for every config
         return out
 
     x, y = torch.arange(100.0, device=DEVICE), torch.arange(64.0, device=DEVICE)

@@ -24,11 +24,13 @@ from .runtime.patch import autotuner_patch  # noqa: E402
 from .runtime.libraries import tune_like_triton  # noqa: E402
 from .runtime.resolver import carry  # noqa: E402
 from .engine.session import CallStats  # noqa: E402
+from .options import Budget  # noqa: E402
 from .tuner import ContextualAutotuner, contextual_autotune  # noqa: E402
 from .function_tuner import FunctionAutotuner, autotune  # noqa: E402
 
-__all__ = ["contextual_autotune", "ContextualAutotuner", "autotune", "FunctionAutotuner", "start_compile_workers",
-           "autotuner_patch", "carry", "tune_like_triton", "CallStats", "CtxTuneError", "UnsupportedAutotunerWarning",
+__all__ = ["contextual_autotune", "ContextualAutotuner", "autotune", "FunctionAutotuner", "Budget",
+           "start_compile_workers", "autotuner_patch", "carry", "tune_like_triton", "CallStats", "CtxTuneError",
+           "UnsupportedAutotunerWarning",
            "InvalidOptionError", "EmptyConfigSpaceError", "NoValidConfigError", "RankMismatchError",
            "CollectiveTimeoutError", "TuneDuringCaptureError", "UnattributedLaunchWarning", "NoValidPointError",
            "UserHookError", "NoProcessGroupError", "NothingToValidateError", "StateNotRestorableError", "__version__"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,85 @@ def env_snapshot_limit_mb() -> float:
         raise InvalidOptionError("TRITON_CTX_TUNE_SNAPSHOT_LIMIT_MB", raw,
                                  "a number of MiB >= 0 (inf: no limit); unset for 4096")
     return value
+
+
+_BUDGET_UNITS = {"s": "seconds", "sec": "seconds", "secs": "seconds", "second": "seconds", "seconds": "seconds",
+                 "execution": "executions", "executions": "executions", "run": "executions", "runs": "executions",
+                 "compile": "compiles", "compiles": "compiles", "config": "compiles", "configs": "compiles"}
+BUDGET_EXPECTED = ("a number of seconds > 0 (budget=30.0), Budget(executions=200) or \"200 executions\", "
+                   "Budget(compiles=50) or \"50 compiles\", Budget(seconds=30) or \"30 s\"; or None for no budget")
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """How much tuning one kernel key may cost (engine/budget.py): exactly one field is set.
+
+    A key whose config list is larger than the budget covers is searched in rungs (a spread sample,
+    successive halving, a local search over neighbouring tile sizes, a final re-timing of the best few)
+    instead of timing every config; configs it never chooses are never compiled.
+    """
+    # Wall-clock seconds from the key's first launch, as rank 0 measures them: rank 0 sizes each rung from
+    # its own elapsed time and broadcasts the rung, so every rank follows the same plan. The first rung is
+    # fixed (8 configs: it measures what a config costs); the budget can be overrun by at most one rung.
+    seconds: float | None = None
+    # Measured runs of the key's configs, warm-ups included: one launch for a key timed per launch, one
+    # whole execution of the function for a key timed end to end. Exact: the key takes at most this many
+    # slots, and all of them when its space is larger than the budget covers. At least 4.
+    executions: int | None = None
+    # Distinct configs compiled and run (a config's first run compiles it). Exact: at most this many, and
+    # exactly this many when the space has more. Each explored config is re-timed at most n_repeat times.
+    compiles: int | None = None
+
+    def __post_init__(self) -> None:
+        given = [(n, v) for n, v in (("seconds", self.seconds), ("executions", self.executions),
+                                    ("compiles", self.compiles)) if v is not None]
+        if len(given) != 1:
+            raise InvalidOptionError("budget", self, "exactly one of seconds=, executions=, compiles= in Budget(...)")
+        name, value = given[0]
+        if name == "seconds":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise InvalidOptionError("budget", self, "Budget(seconds=S) with a finite S > 0")
+            object.__setattr__(self, "seconds", float(value))
+        elif isinstance(value, bool) or not isinstance(value, int) or value < (4 if name == "executions" else 2):
+            raise InvalidOptionError("budget", self, "Budget(executions=N) with an int N >= 4 (two configs, each a "
+                                     "warm-up and a timed run)" if name == "executions" else
+                                     "Budget(compiles=N) with an int N >= 2 (two configs to compare)")
+
+    @property
+    def measure(self) -> str:
+        return "seconds" if self.seconds is not None else "executions" if self.executions is not None else "compiles"
+
+    @property
+    def limit(self) -> float:
+        value = self.seconds if self.seconds is not None else self.executions \
+            if self.executions is not None else self.compiles
+        assert value is not None
+        return float(value)
+
+    def __str__(self) -> str:
+        return f"{self.limit:g} {self.measure}"
+
+    @classmethod
+    def parse(cls, value: object) -> Budget | None:
+        """budget='s value: None, a Budget, a number of seconds, or a string "<number> <unit>"."""
+        if value is None or isinstance(value, Budget):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not 0 < value < float("inf"):
+                raise InvalidOptionError("budget", value, "a number of seconds > 0 and finite, e.g. budget=30.0")
+            return cls(seconds=float(value))
+        if isinstance(value, str):
+            m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]+)\s*", value)
+            unit = _BUDGET_UNITS.get(m.group(2).lower()) if m else None
+            if m is None or unit is None:
+                raise InvalidOptionError("budget", value, BUDGET_EXPECTED)
+            number = float(m.group(1))
+            if unit == "seconds":
+                return cls(seconds=number) if number > 0 else cls.parse(-1.0)
+            if number != int(number):
+                raise InvalidOptionError("budget", value, f"a whole number of {unit}, e.g. \"200 {unit}\"")
+            return cls(**{unit: int(number)})
+        raise InvalidOptionError("budget", value, BUDGET_EXPECTED)
 
 
 # Every environment variable the package reads, with the function that reads it (tests hold the
@@ -242,8 +322,17 @@ class TuneOptions:
     # table and `report` then show TFLOP/s, GB/s and the fraction of the device's peak.
     flops: Callable[..., float] | None = None
     bytes: Callable[..., float] | None = None
+    # Budgeted search (engine/budget.py, docs/search.md): how much each kernel key's tuning may cost,
+    # for config spaces too large to time whole. A Budget, a number of seconds (budget=30.0), or a string:
+    # "200 executions", "50 compiles", "30 s". None (the default): every config is timed.
+    budget: Budget | float | str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "budget", Budget.parse(self.budget))
+        if self.budget is not None and (self.online or self.validate):
+            raise InvalidOptionError("budget", str(self.budget), "None with " + ("online=True (a budgeted search "
+                                     "decides in rungs that re-execute the function)" if self.online else
+                                     "validate=True (validation runs every config, which a budget would not)"))
         object.__setattr__(self, "_bucketing", None if self.buckets is None else Buckets(self.buckets))
         if self.freeze is not None and not isinstance(self.freeze, bool):
             raise InvalidOptionError("freeze", self.freeze,
@@ -446,6 +535,10 @@ class TuneOptions:
 
     def resolved_freeze(self) -> bool:
         return _env_flag("TRITON_CTX_TUNE_FREEZE") if self.freeze is None else self.freeze
+
+    def resolved_budget(self) -> Budget | None:
+        """The checked budget (__post_init__ parsed every spelling into a Budget), or None."""
+        return self.budget if isinstance(self.budget, Budget) else None
 
     def resolved_retune(self) -> bool:
         return _env_flag("TRITON_CTX_TUNE_RETUNE")

@@ -396,8 +396,10 @@ class Precompiling:
         self.started = time.perf_counter()
         # Configs already failed (quarantined: they killed a process) are neither compiled nor run; carried
         # ones (incremental re-tuning) take no slot and compile at their first launch if they win.
+        # A budgeted search's configs beyond its first rung (state.later) compile at their first launch, if
+        # a rung ever chooses them.
         self.mine = [i for i in local_share(len(state.configs), comm) if i not in state.failures
-                     and i not in state.carried]
+                     and i not in state.carried and i not in state.later]
         self.ran_meanwhile: list[int] = []  # what first_ready() handed to the execution
         self._ready: list[int] = []
         self._settled = False
@@ -464,7 +466,7 @@ class Precompiling:
         # The others' binaries are in the shared Triton cache now: loading them here is cheap and keeps
         # the load out of the first slot (compiled here instead when caches are not shared).
         rest = [i for i in range(n) if i not in self.mine and i not in failures and i not in rejected
-                and i not in state.failures and i not in state.carried]
+                and i not in state.failures and i not in state.carried and i not in state.later]
         more = _compile(state, rest, self.args, self.kwargs, self.threads, self.timeout_s, pool, self.device)
         # A config can fail here alone (a timeout on this rank, a binary this GPU cannot load):
         # share that too, so every rank treats the same configs alike from the first slot on.
@@ -495,3 +497,22 @@ def precompile(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Colle
                timeout_s: float = math.inf, workers: int = 0) -> Compiled:
     """Compile every config of `state` now, before its first slot (both halves at once)."""
     return Precompiling(state, args, kwargs, comm, threads, timeout_s, workers).finish(comm)
+
+
+def prefetch(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
+             timeout_s: float = math.inf, workers: int = 0) -> threading.Thread | None:
+    """Compile a budgeted search's next rung (engine/budget.py) in the background, with no collective: this rank
+    compiles all of `indices` into Triton's cache, so the rung's warm-up slots find them compiled. Nothing waits
+    for it; a config that cannot compile fails at its launch, which marks it failed as any launch does."""
+    if not indices or interpret_mode():
+        return None
+    device = _device()
+    pool = _pool(workers, state)
+
+    def run() -> None:
+        try:
+            _compile(state, indices, args, kwargs, threads, timeout_s, pool, device, load=False)
+        except Exception:  # noqa: BLE001 (a head start only: the launch compiles, and reports, what failed here)
+            pass
+
+    return _start_thread(run, "ctx-tune-prefetch")

@@ -28,6 +28,7 @@ TIE_BY_CODE = {code: how for how, code in TIE_CODES.items()}
 CONFIRM_CODE = 4  # a close candidate, re-timed before the key is decided
 CONFIRM_E2E_CODE = 6  # the same, timed end to end: the key overlapped another stream's work
 READMIT_CODE = 5  # a config a split screening dropped, timed in lockstep after all
+BUDGET_CODE = 100  # a budgeted search's next rung: BUDGET_CODE + the config's timed slots in it (budget.py)
 
 if TYPE_CHECKING:
     from .services import StepServices
@@ -73,7 +74,16 @@ class Decisions:
         # or a one-hot winner); broadcasting it makes every rank's schedule and choice identical.
         keep = torch.zeros((len(finishing), width), dtype=torch.int64)
         for i, s in enumerate(finishing):
-            if s.screening and svc.early_stop:
+            if isinstance(s, KeyState) and s.budget is not None:
+                # Rank 0's next rung (its own clock sizes it under a seconds budget), or the winner among the
+                # finalists; the broadcast makes it every rank's.
+                rung = s.budget.next_rung(self._times(s, reduced[i]), time.perf_counter() - s.started)
+                if rung:
+                    for j, timed in rung.items():
+                        keep[i, j] = BUDGET_CODE + timed
+                elif (choice := self._budget_choice(s, reduced[i], self._incumbent(s))) is not None:
+                    keep[i, choice.winner] = TIE_CODES[choice.tie_break]
+            elif s.screening and svc.early_stop:
                 keep[i, screen(self._times(s, reduced[i]), svc.early_stop)] = 1
             elif readmit := self._to_readmit(s, reduced[i]):
                 keep[i, readmit] = READMIT_CODE
@@ -100,6 +110,18 @@ class Decisions:
                     self._log_screen(s, kept, times)
                 else:
                     self._commit_point(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
+            elif int(keep[i].max()) >= BUDGET_CODE:
+                assert isinstance(s, KeyState) and s.budget is not None
+                s.add_rung({j: int(keep[i, j]) - BUDGET_CODE for j in kept})
+                self._log_rung(s, kept, times)
+            elif isinstance(s, KeyState) and s.budget is not None:
+                finalists = s.budget.pick_finalists(self._times(s, reduced[i]))
+                s.budget.finalists = finalists
+                s.dropped = set(range(len(s.configs))) - set(finalists)
+                _carry_prior(s, reduced[i], per_rank[:, i])
+                choice = self._choice(s, reduced[i], None)
+                self._commit(s, kept[0], times, per_rank[:, i, : len(s.configs), 0], choice,
+                             TIE_BY_CODE.get(int(keep[i, kept[0]])))
             elif int(keep[i].max()) in (CONFIRM_CODE, CONFIRM_E2E_CODE):
                 self._confirm(s, kept, times, end_to_end=int(keep[i].max()) == CONFIRM_E2E_CODE)
             elif int(keep[i].max()) == READMIT_CODE:
@@ -132,6 +154,31 @@ class Decisions:
         return [j for j in sorted(s.dropped)
                 if math.isfinite(s.screen_ms[j]) and s.screen_ms[j] <= limit and j not in s.readmitted]
 
+    def _budget_choice(self, s: KeyState, reduced: torch.Tensor, incumbent: int | None) -> Choice | None:
+        """The winner of a budgeted search: the near-tie rule among its finalists (budget.pick_finalists)."""
+        assert s.budget is not None
+        finalists = set(s.budget.pick_finalists(self._times(s, reduced)))
+        n = len(s.configs)
+        times = [t if j in finalists else math.inf for j, t in enumerate(self._times(s, reduced))]
+        return stable_winner(times, reduced[:n, 1].tolist(), reduced[:n, 2].tolist(), incumbent)
+
+    def _log_rung(self, s: KeyState, kept: list[int], times: torch.Tensor) -> None:
+        svc = self.services
+        b = s.budget
+        assert b is not None
+        new = [j for j in kept if j in b.rungs[-1] and not any(j in r for r in b.rungs[:-1])
+               and (b.prior is None or j not in b.prior.explored)]
+        finite = [(float(times[j, 0]), j) for j in range(len(s.configs)) if math.isfinite(float(times[j, 0]))]
+        best = min(finite) if finite else None
+        spent = b.spent(time.perf_counter() - s.started)
+        svc.log.write("rung", f"rung {_subject(s)} #{len(b.rungs) - 1}: {len(kept)} configs ({len(new)} new), "
+                      f"explored {len(b.launched)}/{len(s.configs)}, {b.slots} slots; budget {b.limit:g} {b.measure}, "
+                      f"spent {spent[b.measure]:g}"
+                      + (f"; best so far config#{best[1]} {fmt_ms(best[0])}" if best else ""),
+                      **_subject_fields(s), rung=len(b.rungs) - 1, configs=kept, new=new, slots=b.slots,
+                      explored=len(b.launched), measure=b.measure, limit=b.limit, spent=spent,
+                      best=None if best is None else best[1])
+
     def _log_readmit(self, s: Tunable, kept: list[int], times: torch.Tensor) -> None:
         svc = self.services
         best = _lockstep_best(s, times, also_dropped=kept)
@@ -148,11 +195,18 @@ class Decisions:
         (carried-over times have no samples to compare). A key that overlapped another stream's work
         (objective "auto", re-execution: an end-to-end sample is a whole step) is confirmed on the call's
         time, as objective="end_to_end" would judge it, but for its few close candidates only. Rank 0's
-        own view of the overlap decides, for every rank."""
+        own view of the overlap decides, for every rank.
+
+        A kernel key of a function-level point (autotune()) is confirmed end to end too, overlapped or not:
+        the point it serves is judged by the call's time, so its kernels are decided by the same rule, and
+        a config that is fastest alone but slows what the point overlaps it with (a GEMM beside the point's
+        all-gather) cannot cost its point the decision (issue 35, docs/function-spaces.md)."""
         opts = self.services.opts
         if not (isinstance(s, KeyState) and opts.resolved_confirm()) or s.confirmed is not None or s.end_to_end:
             return [], False
-        end_to_end = s.overlapped and opts.objective == "auto" and not opts.online and not opts.cuda_graph
+        in_point = s.point is not None and self.services.search.points is not None
+        end_to_end = ((s.overlapped or in_point) and opts.objective == "auto" and not opts.online
+                      and not opts.cuda_graph)
         close, _ = close_candidates(choice, self._times(s, reduced), overlapped=end_to_end)
         close = [j for j in close if j not in s.carried]
         return (close, end_to_end) if len(close) > 1 else ([], False)
@@ -260,7 +314,8 @@ class Decisions:
                       executions=svc.stats.executions, tuning_s=s.tuning_s,
                       fastest=None if choice is None else choice.fastest, ties=None if choice is None else choice.ties,
                       band=None if choice is None else choice.band, spread=None if choice is None else choice.spread,
-                      tie_break=how, confirmed=s.confirmed, split=s.split, readmitted=s.readmitted)
+                      tie_break=how, confirmed=s.confirmed, split=s.split, readmitted=s.readmitted,
+                      unexplored=_unexplored(s))
         svc.log.summary(f"{svc.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
                         f"({len(s.configs)} configs, {failed} failed, {len(s.dropped)} screened out, {over}, "
                         f"{s.tuning_s:.2f} s)")
@@ -270,12 +325,23 @@ class Decisions:
             path = svc.cache.store(lookup, s.configs, winner, reduced.tolist(), per_rank.tolist(), dict(s.failures),
                                    {"function": svc.function, "executions": svc.stats.executions,
                                     "tuning_s": s.tuning_s, "n_warmup": s.n_warmup, "n_repeat": s.n_repeat,
-                                    "split": s.split, "screened_out": sorted(s.dropped), **incremental},
-                                   carried=s.incremental.carried if s.incremental is not None else ())
+                                    "split": s.split, "screened_out": sorted(s.dropped), **incremental,
+                                    **self._budget_record(s)},
+                                   carried=s.incremental.carried if s.incremental is not None else
+                                   _budget_carried(s))
             if path is not None:
                 svc.stats.stored.append(str(path))
                 svc.log.write("cache-store", f"cache-store kernel={s.kernel} key={s.key!r} -> {path}",
                               kernel=s.kernel, key=list(s.key), path=str(path), id=lookup.id)
+
+    def _budget_record(self, s: KeyState) -> dict[str, Any]:
+        """What a budgeted search explored and spent, for the cache entry (a larger budget continues from it)."""
+        b = s.budget
+        if b is None:
+            return {}
+        explored = b.launched | (b.prior.explored if b.prior is not None else set())
+        whole = len(explored | set(s.failures)) >= len(s.configs)
+        return {"budget": b.record(s.tuning_s, decided_by_budget=not whole)}
 
     def _log_incremental(self, s: KeyState) -> dict[str, Any]:
         """Say what was re-timed and what carried over; the part the cache entry keeps (its "tuned")."""
@@ -328,6 +394,34 @@ def _carry_over(s: KeyState, reduced: torch.Tensor, per_rank: torch.Tensor) -> N
     for j, (stats, ranks) in s.incremental.carried_times(s.scale).items():
         reduced[j] = torch.tensor(stats, dtype=reduced.dtype)
         per_rank[:, j, 0] = torch.tensor(ranks, dtype=per_rank.dtype)
+
+
+def _unexplored(s: KeyState) -> list[int]:
+    """The configs a budgeted search never ran (nor an earlier run it continued)."""
+    b = s.budget
+    if b is None:
+        return []
+    seen = b.launched | (b.prior.explored if b.prior is not None else set())
+    return [j for j in range(len(s.configs)) if j not in seen]
+
+
+def _budget_carried(s: KeyState) -> set[int]:
+    b = s.budget
+    return set() if b is None or b.prior is None else b.prior.explored - b.launched
+
+
+def _carry_prior(s: KeyState, reduced: torch.Tensor, per_rank: torch.Tensor) -> None:
+    """A continued budgeted search: the earlier run's explored configs not re-timed now keep their times,
+    on this run's scale (the anchors'), so the entry it stores covers everything explored so far."""
+    b = s.budget
+    assert b is not None
+    if b.prior is None:
+        return
+    now = b.current_times(reduced[: len(s.configs), 0].tolist())
+    for j in b.prior.explored - b.launched:
+        if math.isfinite(now[j]):
+            reduced[j] = torch.tensor([now[j]] * 3, dtype=reduced.dtype)
+            per_rank[:, j, 0] = now[j]
 
 
 def plain_point(point: dict[str, Any]) -> dict[str, Any]:

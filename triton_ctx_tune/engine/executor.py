@@ -38,6 +38,7 @@ from ..runtime.timing import CudaGraphTimer
 from ..store.cache import Lookup, entry_id, identity
 from ..store.incremental import CARRIED_FAILURE
 from ..tools.logs import fmt_ms
+from .budget import BudgetSearch, Prior
 from .exactly_once import paused
 from .search import Assignment, Search
 from .state import KeyState, Slot, SlotRecord
@@ -152,6 +153,12 @@ class Executor:
             return self._untimed(state, state.step_config() if index in state.failures else index,
                                  SlotRecord(None, None), args, kwargs)
         self.tuning_launches += 1
+        if state.prefetch:  # a budgeted search's new rung: its configs compile behind its first slots
+            todo, state.prefetch = state.prefetch, []
+            if self.opts.resolved_precompile():
+                threads = self.opts.compile_threads or precompile.default_threads()
+                precompile.prefetch(state, todo, args, kwargs, threads, self.opts.resolved_compile_timeout(),
+                                    self.opts.resolved_compile_workers())
         return self._run_slot(state, args, kwargs)
 
     def _while_compiling(self, state: KeyState, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -262,12 +269,16 @@ class Executor:
         # through their collectives) and no function-level space (its points hold kernels' survivors).
         split = (self.opts.resolved_split_screening() and comm.active and not end_to_end
                  and self.assignment.point is None)
+        search = self._budget_search(at, configs, lookup)
+        split = split and search is None  # a budgeted search's rungs are timed in lockstep
+        if search is not None:
+            plan = None  # a budgeted search plans its own rungs: no incremental re-tuning (every rank alike)
         state = KeyState(autotuner=at, key=key, configs=configs, n_warmup=self.opts.n_warmup,
                          n_repeat=self.opts.n_repeat, kernel=kernel_name(at), early_stop=self.services.early_stop,
                          point=self.assignment.point, end_to_end=end_to_end,
                          carried=plan.untimed if plan is not None else set(),
                          anchors=set(plan.anchors) if plan is not None else set(), incremental=plan,
-                         share=(comm.rank, comm.world) if split else None)
+                         share=(comm.rank, comm.world) if split else None, budget=search)
         for i in plan.carried_failed if plan is not None else ():
             state.fail(i, CARRIED_FAILURE)
         self.search.add(state)
@@ -287,6 +298,20 @@ class Executor:
             # the step's end gathers them (_finish_precompiles).
             state.compiling = precompile.start(*work)
         return state
+
+    def _budget_search(self, at: Autotuner, configs: list, lookup: Lookup | None) -> BudgetSearch | None:
+        """A budgeted search for a key whose space the budget does not cover (options.Budget), else None.
+        Everything it reads is the same on every rank: the options, the config list, the lookup's broadcast."""
+        budget = self.opts.resolved_budget()
+        if budget is None:
+            return None
+        n = len(configs)
+        if (budget.measure == "compiles" and n <= budget.limit) or (
+                budget.measure == "executions" and n * (self.opts.n_warmup + self.opts.n_repeat) <= budget.limit):
+            return None  # the budget covers every config: tuned as without one
+        prior = None if lookup is None or lookup.prior is None else Prior(*lookup.prior)
+        return BudgetSearch(configs, budget.measure, budget.limit, self.opts.n_repeat,
+                            model_ranked=model_ranked(at, configs), prior=prior)
 
     def _precompiled(self, state: KeyState, done: precompile.Compiled) -> None:
         state.precompiled = True
@@ -490,3 +515,9 @@ class Executor:
                                config_index=slot.config if r.slot else None, iteration=slot.iteration,
                                timed=slot.timed, ms=r.ms, failure=r.failure, ran=r.ran)
             state.records.clear()
+
+
+def model_ranked(at: Autotuner, configs: list) -> bool:
+    """Whether Triton's own pruning sorted `configs` by the kernel's perf_model: it does when a perf_model and
+    a top_k below the config count cut the list (prune_configs_by), best estimate first."""
+    return getattr(at, "perf_model", None) is not None and len(configs) < len(at.configs)

@@ -38,6 +38,14 @@ class PointTunable(Tunable):
         # collective on it, allocator growth): its screening sample comes after every warm-up.
         return self.n_warmup
 
+    def keep(self, survivors: list[int]) -> None:
+        """End the points' screening. A survivor's screening sample ran its kernels at their screening's best,
+        not at the configs they will be decided on: it is dropped, and the survivors are judged on the
+        samples they take once their kernels are decided (the point and its kernels by one end-to-end rule)."""
+        super().keep(survivors)
+        for c in survivors:
+            self.samples[c] = []
+
 
 # Every Tunable is one of these two: a test on one narrows to the other.
 AnyTunable = KeyState | PointTunable

@@ -71,9 +71,13 @@ class CallServices:
     @functools.cached_property
     def cache(self) -> TuningCache | None:
         cache_dir = self.opts.resolved_cache_dir()
-        return None if cache_dir is None else TuningCache(cache_dir, self.opts.resolved_retune(), self.comm,
-                                                          self.opts.reduce, self.opts.stat,
-                                                          self.opts.resolved_shipped())
+        if cache_dir is None:
+            return None
+        cache = TuningCache(cache_dir, self.opts.resolved_retune(), self.comm, self.opts.reduce, self.opts.stat,
+                            self.opts.resolved_shipped())
+        budget = self.opts.resolved_budget()
+        cache.budget = None if budget is None else (budget.measure, budget.limit)
+        return cache
 
     @functools.cached_property
     def quarantine(self) -> Quarantine | None:

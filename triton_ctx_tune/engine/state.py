@@ -19,6 +19,7 @@ from typing import Any
 
 from ..runtime.compat import Autotuner, Config, config_str
 from ..store.incremental import Plan
+from .budget import BudgetSearch
 
 
 @dataclass(frozen=True)
@@ -90,9 +91,20 @@ class Tunable:
     screen_ms: list[float] | None = None  # each config's screening time, on the one rank that measured it
     launched_here: set[int] = field(default_factory=set)  # split: the configs this rank has launched
     readmitted: list[int] = field(default_factory=list)
+    # Budgeted search (budget.py): the plan grows one rung at a time, each decided at the last one's end.
+    budget: BudgetSearch | None = None
+    later: set[int] = field(default_factory=set)  # configs not in the first rung: precompile leaves them
+    prefetch: list[int] = field(default_factory=list)  # a later rung's new configs, to compile in the background
 
     def __post_init__(self) -> None:
         self.samples = [[] for _ in self.configs]
+        if self.budget is not None:
+            self.early_stop, self.screening = None, False
+            rung = self.budget.first_rung()
+            self.later = set(range(len(self.configs))) - set(rung)
+            self.add_rung(rung)
+            self.prefetch = []  # the first rung is precompiled
+            return
         self.screening = self.early_stop is not None and self.n_repeat > 1
         first = (self.screening_warmups(), 1) if self.screening else (self.n_warmup, self.n_repeat)
         pool = [c for c in range(len(self.configs)) if c not in self.carried]
@@ -186,6 +198,21 @@ class Tunable:
             self.plan += [Slot(c, done[c] + i, timed=i > 0 or c in self.launched_here, shape_warmup=False)
                           for c in configs]
         self.launched_here.update(configs)
+
+    def add_rung(self, rung: dict[int, int]) -> None:
+        """A budgeted search's next rung, the same on every rank: a config not launched yet takes a warm-up
+        (its first launch compiles and loads it), then its timed slots; configs already launched are
+        re-timed round-robin."""
+        assert self.budget is not None
+        planned = self.budget.apply(rung)
+        self.later -= set(rung)
+        self.prefetch = [c for c, warm, _ in planned if warm and c not in self.failures]
+        for c, warm, timed in planned:
+            if warm:
+                self._extend([c], warm, timed)
+        again = [(c, timed) for c, warm, timed in planned if not warm]
+        for i in range(max((t for _, t in again), default=0)):
+            self._extend([c for c, t in again if t > i], 0, 1)
 
     def readmit(self, configs: list[int]) -> None:
         """A split screening's dropped configs that the survivors' lockstep times put back within reach."""

@@ -291,10 +291,13 @@ def make_entry(ident: dict[str, Any], configs: Sequence[Config], winner: int, re
 
     # A split screening's dropped configs ran on their screening rank alone: no time elsewhere is no failure.
     screened = set(tuned.get("screened_out") or ()) if tuned.get("split") else set()
+    # A budgeted search's unexplored configs were never run: no time is no failure (engine/budget.py).
+    budget = tuned.get("budget")
+    explored = set(budget["explored"]) if isinstance(budget, dict) else set(range(len(configs)))
     timings = []
     for j, config in enumerate(configs):
         failed_ranks = [r for r, row in enumerate(per_rank) if not math.isfinite(row[j])]
-        if j in screened and len(failed_ranks) == len(per_rank) - 1:
+        if (j in screened and len(failed_ranks) == len(per_rank) - 1) or j not in explored:
             failed_ranks = []
         failure = failures.get(j)
         if failure is None and failed_ranks:
@@ -302,7 +305,8 @@ def make_entry(ident: dict[str, Any], configs: Sequence[Config], winner: int, re
         timings.append({"config": config_str(config), "ms": finite(reduced[j][0]), "q20": finite(reduced[j][1]),
                         "q80": finite(reduced[j][2]), "per_rank_ms": [finite(row[j]) for row in per_rank],
                         "failure": failure, "failed_ranks": failed_ranks,
-                        **({"carried": True} if j in carried else {})})
+                        **({"carried": True} if j in carried else {}),
+                        **({"explored": False} if j not in explored else {})})
     now = datetime.datetime.now(datetime.timezone.utc)
     return {
         "format": FORMAT,
@@ -533,6 +537,9 @@ class Lookup:
     # "shipped" on the other ranks (they never read it).
     source: str = "cache"
     incremental: Plan | None = None  # on a miss, on every rank: what to re-time (stale.plan, broadcast)
+    # On a miss, on every rank: an entry that a budget decided, which this call's larger budget continues
+    # (engine/budget.py): each config's time (nan: not explored) and what it spent, rank 0's broadcast.
+    prior: tuple[list[float], dict[str, float]] | None = None
 
     @property
     def where(self) -> str:
@@ -553,6 +560,9 @@ class TuningCache:
         self.reduce = reduce
         self.stat = stat
         self.shipped = shipped
+        # This call's budget (measure, limit): a budget-decided entry is a hit only for a budget it already
+        # spent; a larger one continues from it, none tunes the key whole (set by the call's services).
+        self.budget: tuple[str, float] | None = None
 
     @property
     def reads_and_writes(self) -> bool:
@@ -570,9 +580,12 @@ class TuningCache:
             shipped = self._load_shipped(eid, configs)
             if shipped is not None:
                 source, entry = str(shipped.path), shipped.entry
+        prior = budget_prior(entry, self.budget) if entry is not None else None
+        if entry is not None and prior is not None:
+            entry = None  # a budget decided it, and this call may look further: continued, or tuned whole
         hit, winner = entry is not None, entry["winner"]["index"] if entry is not None else -1
         stale = None
-        if reads and not hit:
+        if reads and not hit and prior is None:
             stale = self._stale(path, ident, configs)
             if stale is None and self.shipped is not None:  # the user's own stale entry says more
                 stale = closest_stale([(s.path, s.entry) for s in self.shipped.kernel_others(ident["kernel"],
@@ -580,7 +593,8 @@ class TuningCache:
                                       ident, "shipped")
         incremental = None if stale is None else stale.plan
         if self.comm.active:
-            code = 0 if not hit else 1 if source == "cache" else 2  # the other ranks learn where a hit came from
+            # (the other ranks learn where a hit came from; 3: a budget-decided entry this call continues)
+            code = (3 if prior is not None and prior[0] else 0) if not hit else 1 if source == "cache" else 2
             removed = -1 if incremental is None else incremental.removed
             answers, differing = self.comm.agree(agreement_identity(ident), "look up the tuning cache",
                                                  lambda: _describe_lookup(ident).encode(),
@@ -591,7 +605,13 @@ class TuningCache:
                     groups.setdefault(text, []).append(rank)
                 raise RankMismatchError("\n".join(f"  ranks {ranks}: {text.decode()}"
                                                   for text, ranks in groups.items()))
-            hit, winner, removed = bool(answers[0, 0]), int(answers[0, 1]), int(answers[0, 2])  # rank 0's answer
+            hit, winner, removed = int(answers[0, 0]) in (1, 2), int(answers[0, 1]), int(answers[0, 2])  # rank 0's
+            if int(answers[0, 0]) == 3:  # every rank continues from rank 0's entry
+                mine = _prior_tensor(prior, len(configs))
+                got = self.comm.broadcast_from_root(mine, "broadcast the budgeted search's prior").tolist()
+                prior = (got[:len(configs)], dict(zip(("executions", "compiles", "seconds"), got[len(configs):])))
+            else:
+                prior = None
             if not self.reads_and_writes:
                 source = "shipped" if int(answers[0, 0]) == 2 else "cache"
             if removed >= 0:  # every rank plans the same slots: rank 0's plan, whole
@@ -599,7 +619,9 @@ class TuningCache:
                         else Plan.blank_tensor(len(configs), ident["world"]))
                 incremental = Plan.from_tensor(self.comm.broadcast_from_root(mine, "broadcast the incremental plan"),
                                                removed)
-        return Lookup(ident, eid, path, hit, winner, entry, stale, source, incremental)
+        if prior is not None and not prior[0]:
+            prior = None  # no budget now: the key is tuned whole
+        return Lookup(ident, eid, path, hit, winner, entry, stale, source, incremental, prior)
 
     def neighbours(self, ident: dict[str, Any]) -> dict[str, str]:
         """Rank 0: the tuned keys a frozen call may borrow from (key repr -> winner config): the user's cache
@@ -682,6 +704,33 @@ class TuningCache:
                           "TRITON_CTX_TUNE_CACHE_DIR elsewhere, or disable the cache with TRITON_CTX_TUNE_CACHE=0.",
                           CacheWarning, stacklevel=2)
             return None
+
+
+def budget_prior(entry: dict[str, Any], budget: tuple[str, float] | None
+                 ) -> tuple[list[float], dict[str, float]] | None:
+    """Whether a budget-decided entry answers a call with `budget`: None when it does (no budget decided it,
+    or this budget is already spent); else what it explored, to continue from (its times, nan where not
+    explored, and what it spent), or ([], {}) when the call has no budget and the key is tuned whole."""
+    record = (entry.get("tuned") or {}).get("budget")
+    if not isinstance(record, dict) or not record.get("decided_by_budget"):
+        return None
+    if budget is None:
+        return [], {}
+    spent = record.get("spent") or {}
+    measure, limit = budget
+    if not limit > float(spent.get(measure, 0.0)):
+        return None
+    explored = set(record.get("explored") or [])
+    times = [(math.inf if t.get("ms") is None else float(t["ms"])) if j in explored else math.nan
+             for j, t in enumerate(entry["timings"])]
+    return times, {k: float(spent.get(k, 0.0)) for k in ("executions", "compiles", "seconds")}
+
+
+def _prior_tensor(prior: tuple[list[float], dict[str, float]] | None, n: int) -> torch.Tensor:
+    if prior is None or not prior[0]:
+        return torch.full((n + 3,), math.nan, dtype=torch.float64)
+    times, spent = prior
+    return torch.tensor(times + [spent["executions"], spent["compiles"], spent["seconds"]], dtype=torch.float64)
 
 
 def _warn_ignored(path: Path, reason: str) -> None:

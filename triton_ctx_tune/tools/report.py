@@ -65,6 +65,7 @@ class KeyReport:
     # Split screening: a dropped config -> the one rank that screened it and whose time it has. The other ranks
     # never ran it, so their missing times are no failure (build() sets it, from the decision's per_rank).
     screened_on: dict[int, int] = field(default_factory=dict)
+    unexplored: list[int] = field(default_factory=list)  # a budgeted search never ran them (engine/budget.py)
     # Incremental re-tuning (store/incremental.py): what was timed and carried over, and the scale.
     incremental: dict[str, Any] | None = None
     carried: list[int] = field(default_factory=list)  # configs whose times are carried over, not measured
@@ -229,6 +230,7 @@ def _from_decision(e: dict[str, Any], function: str | None) -> KeyReport:
     r.confirmed, r.end_to_end = e.get("confirmed"), bool(e.get("end_to_end"))
     r.split, r.readmitted = bool(e.get("split")), list(e.get("readmitted") or [])
     r.screened_out = [int(j) for j in e.get("screened_out") or []]
+    r.unexplored = [int(j) for j in e.get("unexplored") or []]
     return r
 
 
@@ -265,6 +267,7 @@ def add_entry(r: KeyReport, entry: dict[str, Any]) -> None:
             who = f"rank {failed[0]}" if len(failed) == 1 else f"ranks {failed}"
             r.failures.setdefault(j, {})[who] = t["failure"]
     r.carried = [j for j, t in enumerate(timings) if t.get("carried")]
+    r.unexplored = [j for j, t in enumerate(timings) if t.get("explored") is False]
     ident = entry.get("identity", {})
     tuned = entry.get("tuned", {})
     r.stat, r.reduce, r.world = ident.get("stat", "median"), ident.get("reduce", "max"), ident.get("world", 1)
@@ -380,6 +383,7 @@ IGNORED: dict[str, str] = {
     "slot": "raw samples; the decision carries their reduced statistics",
     "step": "raw end-to-end samples; the decision or point-decision carries their reduced statistics",
     "screen": "a screening pass's survivors; the decision that follows names the configs screened out",
+    "rung": "a budgeted search's rungs; the decision and the cache entry's tuned.budget say what it explored",
     "readmit": "configs a split screening dropped and lockstep timing brought back; the decision names them",
     "confirm": "the close candidates a key re-times; its decision names them (confirmed) with their times after",
     "point-failed": "a point's failure; the point-decision carries every point's failure",
@@ -430,7 +434,7 @@ def build(log_dir: Path) -> Report:
     for r in keys.values():
         _find_screening_ranks(r)
         for j in range(len(r.configs)):
-            if j in r.failures or j in r.screened_on:
+            if j in r.failures or j in r.screened_on or j in r.unexplored:
                 continue  # a reason is known; or only its screening rank ran it, and has its time
             failed = [rank for rank, row in enumerate(r.per_rank) if j < len(row) and row[j] is None]
             if not failed:
@@ -560,10 +564,15 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
         lines.append(f"  tuning     none in this run (cache hit); the original tuning took {original}")
     else:
         lines.append(f"  tuning     took {original}")
+    if r.unexplored:
+        lines.append(f"  budget     explored {len(r.configs) - len(r.unexplored)} of {len(r.configs)} configs; "
+                     "the others never ran (docs/search.md)")
     if r.ms:
         lines.append(f"  {'configs':<10}{'ms':>10}  {'q20..q80':>19}"
                      + "".join(f"  {f'rank {k}':>10}" for k in range(len(r.per_rank))) + "  config")
         for j, config in enumerate(r.configs):
+            if j in r.unexplored:
+                continue
             mark = "*" if j == r.winner else " "
             q = (f"{r.q20[j]:.3f}..{r.q80[j]:.3f}" if j < len(r.q20) and r.q20[j] is not None
                  and j < len(r.q80) and r.q80[j] is not None else "-")

@@ -1,0 +1,75 @@
+"""One rank of the budgeted search's multi-process tests (test_budget.py runs it through test_dist.run_ranks).
+
+Each scenario tunes the 1200-config kernel of budget_kernels.py with a budget; every rank's costs differ a
+little (rank r adds a ripple of its own), so ranks that decided alone would explore different configs.
+Each returns what its rank saw: every rung's configs (from its own log), the winner, the executions.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests import budget_kernels as bk  # noqa: E402
+from tests.dist_worker import main  # noqa: E402
+from tests.kernels import DEVICE, autotuner  # noqa: E402
+from triton_ctx_tune import contextual_autotune  # noqa: E402
+
+
+def _ripple(point: dict[str, Any]) -> float:
+    """Up to 0.4 ms more on this rank, different per config and per rank."""
+    h = hash((dist.get_rank(),) + tuple(sorted(point.items()))) % 1000
+    return 0.4 * h / 1000
+
+
+def _tune(name: str, budget: Any, calls: int = 1) -> dict[str, Any]:
+    logs = Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"] + "-" + name)
+    cache = Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"]).parent / f"cache-{name}"
+    kernel = bk.make_kernel(_ripple)
+
+    @contextual_autotune(is_dist=True, n_warmup=1, n_repeat=3, budget=budget, log_dir=str(logs),
+                         cache_dir=str(cache))
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        kernel[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK_M"]),)](x, x.numel())
+        dist.all_reduce(x)  # the function's own collective: ranks must stay in step
+        return x
+
+    bk.launched.clear()
+    out = fn(torch.zeros(256, device=DEVICE))
+    events = [json.loads(line) for line in (logs / f"rank-{dist.get_rank()}.jsonl").read_text().splitlines()]
+    (chosen,) = autotuner(kernel).cache.values()
+    return {"rungs": [e["configs"] for e in events if e["event"] == "rung"],
+            "winner": bk.point_of(chosen), "cost": bk.cost_ms(bk.point_of(chosen)),
+            "executions": fn.last_call.executions, "explored_here": len(set(bk.launched)),
+            "cache_hits": fn.last_call.cache_hits, "out": out[:2].tolist(),
+            "entry": ([json.loads(p.read_text())["tuned"].get("budget") for p in cache.glob("*.json")]
+                      if dist.get_rank() == 0 else None)}
+
+
+def scenario_budget_executions() -> dict[str, Any]:
+    return _tune("executions", "150 executions")
+
+
+def scenario_budget_seconds() -> dict[str, Any]:
+    # Each rank's clock differs; rank 0's decides every rung's size, and the broadcast makes it everyone's.
+    return _tune("seconds", 4.0)
+
+
+def scenario_budget_continue() -> dict[str, Any]:
+    first = _tune("continue", "20 compiles")
+    second = _tune("continue", "45 compiles")
+    return {"first": first, "second": second}
+
+
+SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
+
+if __name__ == "__main__":
+    main(SCENARIOS)

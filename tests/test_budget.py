@@ -1,0 +1,179 @@
+"""Budgeted search (engine/budget.py) on a 1200-config space of a real interpreted kernel; multi-rank
+agreement in test_budget_dist.py's ranks."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import triton
+
+from tests import budget_kernels as bk
+from tests.kernels import DEVICE, autotuner
+from triton_ctx_tune import InvalidOptionError, contextual_autotune
+from triton_ctx_tune.options import Budget, TuneOptions
+
+FAST = dict(n_warmup=1, n_repeat=3, quiet=True)
+
+
+def _run(kernel, tmp_path, budget, **opts):
+    @contextual_autotune(budget=budget, cache_dir=str(tmp_path / "cache"), log_dir=str(tmp_path / "logs"),
+                         **{**FAST, **opts})
+    def fn(x):
+        kernel[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK_M"]),)](x, x.numel())
+        return x
+
+    bk.launched.clear()
+    fn(torch.zeros(256, device=DEVICE))
+    return fn
+
+
+def _entry(tmp_path):
+    files = list((tmp_path / "cache").glob("*.json"))
+    assert len(files) == 1, files
+    return json.loads(files[0].read_text())
+
+
+def _events(tmp_path, kind):
+    lines = (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()
+    return [e for e in (json.loads(x) for x in lines) if e["event"] == kind]
+
+
+@pytest.mark.parametrize("budget", [Budget(executions=200), "200 executions"])
+def test_an_executions_budget_takes_exactly_its_slots_and_finds_the_best_of_1200(tmp_path, budget):
+    kernel = bk.make_kernel()
+    configs = autotuner(kernel).configs
+    assert len(configs) == 1200
+    _run(kernel, tmp_path, budget)
+    (chosen,) = autotuner(kernel).cache.values()
+    assert bk.point_of(chosen) == bk.BEST
+    entry = _entry(tmp_path)
+    record = entry["tuned"]["budget"]
+    assert record["decided_by_budget"] and record["measure"] == "executions"
+    assert record["spent"]["executions"] == 200  # exactly the budget
+    explored = record["explored"]
+    assert 20 < len(explored) < 100
+    # Every config that ran was explored, and only those: the final run's launch is the winner's.
+    assert len(set(bk.launched)) == len(explored)
+    # Slots: one launch each (the final run adds one launch of the winner).
+    assert len(bk.launched) == 200 + 1
+    unexplored = [t for t in entry["timings"] if t.get("explored") is False]
+    assert len(unexplored) == 1200 - len(explored) and all(t["failure"] is None for t in unexplored)
+    rungs = _events(tmp_path, "rung")
+    assert len(rungs) >= 3 and rungs[-1]["spent"]["executions"] == 200
+
+
+def test_a_compiles_budget_explores_exactly_that_many_configs_and_precompiles_only_the_first_rung(tmp_path):
+    kernel = bk.make_kernel()
+    _run(kernel, tmp_path, "40 compiles")
+    (chosen,) = autotuner(kernel).cache.values()
+    # Within 1.3x of the best config's cost (the bowl is smooth: the local search walks down it).
+    assert bk.cost_ms(bk.point_of(chosen)) <= 1.3 * bk.BASE_MS
+    record = _entry(tmp_path)["tuned"]["budget"]
+    assert record["spent"]["compiles"] == 40 and len(record["explored"]) == 40
+    assert len(set(bk.launched)) == 40
+    (pre,) = _events(tmp_path, "precompile")
+    assert len(pre["mine"]) == 20  # the spread rung: half the explorable configs, nothing else compiled
+
+
+def test_a_larger_budget_continues_from_the_entry_and_no_budget_is_not_fooled(tmp_path):
+    kernel = bk.make_kernel()
+    _run(kernel, tmp_path, "20 compiles")
+    first = _entry(tmp_path)["tuned"]["budget"]
+    assert len(first["explored"]) == 20
+    # The same budget again: the entry answers, nothing runs but the call itself.
+    kernel2 = bk.make_kernel()
+    fn = _run(kernel2, tmp_path, "20 compiles")
+    assert fn.last_call.cache_hits == 1 and len(bk.launched) == 1
+    # A larger budget: continues, explores 30 more configs, none of the first 20 again but its best 3 (anchors).
+    kernel3 = bk.make_kernel()
+    _run(kernel3, tmp_path, "50 compiles")
+    second = _entry(tmp_path)["tuned"]["budget"]
+    assert second["continued"] and second["spent"]["compiles"] == 50 and len(second["explored"]) == 50
+    assert set(first["explored"]) < set(second["explored"])
+    names = [",".join(f"{k}={v}" for k, v in bk.point_of(c).items()) for c in autotuner(kernel3).configs]
+    again = {names.index(n) for n in set(bk.launched)} & set(first["explored"])
+    assert len(again) <= 3  # the anchors, re-timed to put the earlier times on today's scale
+    (chosen,) = autotuner(kernel3).cache.values()
+    assert bk.cost_ms(bk.point_of(chosen)) <= 1.3 * bk.BASE_MS
+    # No budget: a budget-decided entry is no answer; the key is tuned whole (every config runs).
+    kernel4 = bk.make_kernel()
+    fn = _run(kernel4, tmp_path, None, early_stop=1.5)
+    assert fn.last_call.cache_hits == 0 and len(set(bk.launched)) == 1200
+    assert bk.point_of(next(iter(autotuner(kernel4).cache.values()))) == bk.BEST
+
+
+def test_a_seconds_budget_stops_exploring(tmp_path):
+    kernel = bk.make_kernel()
+    _run(kernel, tmp_path, 3.0)
+    record = _entry(tmp_path)["tuned"]["budget"]
+    assert record["measure"] == "seconds" and 8 <= len(record["explored"]) < 1200
+    assert record["decided_by_budget"]
+
+
+@pytest.mark.parametrize("value", ["ten runs", "2.5 compiles", -1, 0, float("inf"), True, "3 executions",
+                                   Budget.__new__(Budget)])
+def test_bad_budgets_say_how_to_write_one(value):
+    with pytest.raises(InvalidOptionError, match="budget"):
+        if isinstance(value, Budget):
+            Budget(executions=10, compiles=5)
+        TuneOptions(budget=value)
+    with pytest.raises(InvalidOptionError, match="online"):
+        TuneOptions(budget=30.0, online=True)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_rank_follows_rank_0s_rungs_and_budget(world, tmp_path):
+    from tests.test_dist import run_ranks
+
+    results = run_ranks(world, ["budget_executions", "budget_seconds", "budget_continue"], tmp_path,
+                        worker="budget_worker.py")
+    for name in ("budget_executions", "budget_seconds"):
+        rows = results[name]
+        for row in rows:
+            assert "error" not in row, row.get("traceback")
+        # The same rungs (every decision), winner and executions on every rank, though each rank's costs differ.
+        for f in ("rungs", "winner", "executions", "explored_here", "out"):
+            assert all(row[f] == rows[0][f] for row in rows), (name, f, [row[f] for row in rows])
+        assert len(rows[0]["rungs"]) >= 3
+        assert rows[0]["cost"] <= 1.3 * bk.BASE_MS + 0.4
+    (record,) = results["budget_executions"][0]["entry"]
+    assert record["spent"]["executions"] == 150 and record["decided_by_budget"]
+    rows = results["budget_continue"]
+    for row in rows:
+        assert "error" not in row, row.get("traceback")
+    for f in ("rungs", "winner", "executions", "explored_here"):
+        assert all(row["second"][f] == rows[0]["second"][f] for row in rows)
+    (record,) = rows[0]["second"]["entry"]
+    assert record["continued"] and len(record["explored"]) == 45
+    # New configs, not repeats: 25 new ones and the earlier run's best 3 as anchors.
+    assert rows[0]["second"]["explored_here"] == 25 + 3
+
+
+def test_the_report_lists_only_the_explored_configs_and_says_how_many(tmp_path):
+    from triton_ctx_tune.tools.report import build, format_report
+
+    _run(bk.make_kernel(), tmp_path, "60 executions")
+    text = format_report(build(tmp_path / "logs"))
+    assert "failures   none" in text
+    explored = len(_entry(tmp_path)["tuned"]["budget"]["explored"])
+    assert f"budget     explored {explored} of 1200 configs" in text
+    assert sum(1 for line in text.splitlines() if "BLOCK_M=" in line and line.startswith("    ")) == explored
+
+
+def test_a_perf_model_with_top_k_seeds_the_first_rung(tmp_path):
+    def model(**kw):  # a perfect model: the declared cost itself
+        return bk.cost_ms({k: kw[k] for k in bk.SPACE})
+
+    kernel = triton.autotune(configs=bk.configs(), key=["n"],
+                             prune_configs_by={"perf_model": model, "top_k": 600})(bk._tiled_add_one)
+    _run(kernel, tmp_path, "12 compiles")
+    (chosen,) = autotuner(kernel).cache.values()
+    assert bk.point_of(chosen) == bk.BEST
+    # Triton's pruning kept the model's 600 best, best first; the first rung took the model's first picks
+    # (config #0 among them) beside its spread sample, so the best was compiled before any rung was decided.
+    assert len(_entry(tmp_path)["timings"]) == 600
+    (pre,) = _events(tmp_path, "precompile")
+    assert 0 in pre["mine"] and len(pre["mine"]) == 6
+    assert len(_entry(tmp_path)["tuned"]["budget"]["explored"]) == 12

@@ -1,0 +1,325 @@
+"""Budgeted search: a kernel key whose config space is larger than its budget covers (options.Budget).
+
+The key is searched in *rungs*. Each rung is a set of configs with a number of timed slots each; a
+config the run has not launched yet also takes one warm-up slot (its first launch compiles and loads
+it). At a rung's end the step's decision (decisions.py) gathers every rank's times and reduces them;
+rank 0 asks `BudgetSearch.next_rung` for the next rung and broadcasts it in the keep-mask, and every
+rank adds the same slots to its plan (`apply`). So the plan depends only on agreed times and on rank
+0's measure of the budget: which collective a rank issues next never depends on its own state.
+
+The rungs, in order:
+
+1. **Spread.** Half of the configs the budget can explore, chosen to cover the space: a
+   farthest-point sample over each config's tile coordinates (BLOCK_*, GROUP_*, num_warps,
+   num_stages, any other meta-parameter: each value's rank among that parameter's values, scaled to
+   [0, 1]), starting from the middle of the space. When the kernel has a `perf_model` with a `top_k`,
+   Triton's own pruning has already cut and sorted the configs by it: the model's first picks take half of
+   this rung.
+2. **Local search.** Rungs of about an eighth of the explorable configs each: the unexplored
+   neighbours (one parameter one step up or down, then two parameters at once) of the three fastest
+   configs so far; when none is left, more spread samples. Until the budget for new configs is spent.
+3. **Halving.** The 2F fastest (F = 3 finalists) get one more timed slot each; then the F fastest by
+   their samples so far are re-timed, interleaved, up to `n_repeat` samples each. With an executions
+   budget, the final rung also takes whatever slots are left, so the key spends exactly its budget.
+
+The winner is chosen among the finalists by the usual near-tie rule (state.stable_winner).
+
+Budgets (each per key): `executions` counts slots (warm-ups included), `compiles` counts distinct
+configs launched, `seconds` is rank 0's wall clock from the key's first launch; rank 0 converts what is
+left into a number of new configs at each rung's end from what a config has cost so far, and the
+first spread rung is sized before anything is measured (EARLY_RUNG configs); once the seconds are spent,
+the key is decided on the samples it has (no halving or final re-timing). So a seconds budget is overrun
+by at most one rung (or the first rung, when that alone takes longer).
+
+A cache entry written by a budgeted search records what it explored and spent (`tuned.budget`); a later
+run whose budget goes further continues from it (`Prior`): it re-times the earlier run's best
+(anchors), carries the other explored configs' times over on the anchors' scale, never explores a
+config twice, and counts its budget cumulatively (a budget of 400 after 200 spends 200 more).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+FINALISTS = 3  # F: configs re-timed to n_repeat samples before the decision
+TOP_PARENTS = 3  # the fastest configs whose neighbours the local search explores
+EARLY_RUNG = 8  # the first rung of a seconds budget, sized before any config was measured
+MEASURES = ("executions", "compiles", "seconds")
+
+
+@dataclass
+class Prior:
+    """What an earlier budgeted search of this key explored, on every rank (the lookup's broadcast)."""
+    times: list[float]  # per config, ms on the earlier run's scale; nan: not explored; inf: failed
+    spent: dict[str, float]  # that run's executions, compiles and seconds (cumulative over its own priors)
+
+    @property
+    def explored(self) -> set[int]:
+        return {i for i, t in enumerate(self.times) if not math.isnan(t)}
+
+
+def coordinates(configs: list[Any]) -> tuple[list[str], list[tuple[int, ...]], list[int]]:
+    """Each config's coordinates: per parameter (meta-parameters, num_warps, num_stages, ...), the rank of its
+    value among that parameter's values; the parameter names; and how many values each takes."""
+    rows: list[dict[str, Any]] = []
+    for c in configs:
+        row = dict(getattr(c, "kwargs", {}) or {})
+        for name in ("num_warps", "num_stages", "num_ctas", "maxnreg"):
+            value = getattr(c, name, None)
+            if value is not None:
+                row[name] = value
+        rows.append(row)
+    names = sorted({k for r in rows for k in r})
+
+    def order(v: Any) -> tuple[int, Any]:
+        return (0, float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, repr(v))
+
+    values = {n: sorted({order(r.get(n)) for r in rows}) for n in names}
+    coords = [tuple(values[n].index(order(r.get(n))) for n in names) for r in rows]
+    return names, coords, [len(values[n]) for n in names]
+
+
+@dataclass
+class BudgetSearch:
+    """One key's rungs. Every rank holds one; rank 0's next_rung() decides, every rank apply()s."""
+    configs: list[Any]
+    measure: str
+    limit: float
+    n_repeat: int
+    model_ranked: bool = False  # the config list is sorted by the kernel's perf_model (Triton's pruning)
+    prior: Prior | None = None
+    failed: set[int] = field(default_factory=set)  # known before the search (quarantined, carried failures)
+    # Agreed state, the same on every rank: what the plan holds so far.
+    launched: set[int] = field(default_factory=set)  # configs with a slot in this run
+    timed: dict[int, int] = field(default_factory=dict)  # planned timed slots per config
+    slots: int = 0
+    rungs: list[list[int]] = field(default_factory=list)
+    finalists: list[int] | None = None
+    last_retimed: bool = False  # the last rung re-timed configs already launched (halving, final)
+    # Rank 0's own progress through the phases (only rank 0's next_rung() is ever followed).
+    phase: str = "explore"
+    explore_total: int = 0  # new configs the budget allows (counted budgets)
+
+    def __post_init__(self) -> None:
+        assert self.measure in MEASURES
+        self.names, self.coords, sizes = coordinates(self.configs)
+        self.scale = [1.0 / (s - 1) if s > 1 else 0.0 for s in sizes]
+        self.where: dict[tuple[int, ...], int] = {}
+        for i, c in enumerate(self.coords):
+            self.where.setdefault(c, i)
+        self._mindist = [math.inf] * len(self.configs)
+        for i in self.prior.explored if self.prior is not None else ():
+            self._note_explored(i)
+        self.explore_total = self._explorable_now(0.0)
+
+    # ---- budget ---------------------------------------------------------------------------------
+
+    @property
+    def n(self) -> int:
+        return len(self.configs)
+
+    def spent(self, elapsed_s: float) -> dict[str, float]:
+        """What the key has cost, cumulatively over the runs it continues."""
+        before = self.prior.spent if self.prior is not None else {}
+        explored = self.launched | (self.prior.explored if self.prior is not None else set())
+        return {"executions": before.get("executions", 0.0) + self.slots, "compiles": float(len(explored)),
+                "seconds": before.get("seconds", 0.0) + elapsed_s}
+
+    def _reserve_slots(self) -> int:
+        """Slots the halving and final rungs may take."""
+        return 2 * FINALISTS + FINALISTS * max(self.n_repeat - 2, 0)
+
+    def _explorable_now(self, elapsed_s: float) -> int:
+        """How many new configs the budget still allows (rank 0's view for seconds)."""
+        left = self.limit - self.spent(elapsed_s)[self.measure]
+        if self.measure == "compiles":
+            return max(int(left), 0)
+        if self.measure == "executions":  # a small budget keeps most of itself for exploring
+            return max(int((left - min(self._reserve_slots(), self.limit // 4)) // 2), 0)
+        if not self.launched:
+            return EARLY_RUNG
+        per_slot = elapsed_s / max(self.slots, 1)
+        per_config = elapsed_s / max(len(self.launched), 1)
+        return max(int((left - self._reserve_slots() * per_slot) // max(per_config, 1e-9)), 0)
+
+    def _unexplored(self) -> list[int]:
+        known = self.launched | (self.prior.explored if self.prior is not None else set())
+        return [i for i in range(self.n) if i not in known and i not in self.failed]
+
+    # ---- rungs ----------------------------------------------------------------------------------
+
+    def first_rung(self) -> dict[int, int]:
+        """The spread rung (and, continuing, the earlier run's best few as anchors)."""
+        rung: dict[int, int] = {}
+        if self.prior is not None:
+            ranked = sorted((t, i) for i, t in enumerate(self.prior.times) if math.isfinite(t))
+            rung.update({i: 1 for _, i in ranked[:FINALISTS]})
+        want = self.explore_total if self.measure == "seconds" else -(-self.explore_total // 2)
+        want = min(max(want, 2 - len(rung)), len(self._unexplored()))
+        if self.model_ranked:
+            rung.update({i: 1 for i in self._unexplored()[: want // 2]})
+        rung.update({i: 1 for i in self.spread(want - (len(rung) - len(rung.keys() & self._anchor_set())), rung)})
+        return rung
+
+    def _anchor_set(self) -> set[int]:
+        return self.prior.explored if self.prior is not None else set()
+
+    def spread(self, k: int, taken: dict[int, int] | set[int]) -> list[int]:
+        """k unexplored configs far from everything explored (and from each other): a farthest-point sample."""
+        pool = [i for i in self._unexplored() if i not in taken]
+        if k <= 0 or not pool:
+            return []
+        mind = list(self._mindist)
+        for i in taken:
+            self._update(mind, i)
+        out: list[int] = []
+        mid = tuple(0.5 for _ in self.scale)
+        for _ in range(min(k, len(pool))):
+            if all(math.isinf(mind[i]) for i in pool):  # nothing explored yet: start at the middle
+                best = min(pool, key=lambda i: (self._dist_to(i, mid), i))
+            else:
+                best = max(pool, key=lambda i: (mind[i], -i))
+            out.append(best)
+            pool.remove(best)
+            self._update(mind, best)
+        return out
+
+    def _point(self, i: int) -> tuple[float, ...]:
+        return tuple(c * s for c, s in zip(self.coords[i], self.scale))
+
+    def _dist_to(self, i: int, p: tuple[float, ...]) -> float:
+        return sum((a - b) ** 2 for a, b in zip(self._point(i), p))
+
+    def _update(self, mind: list[float], j: int) -> None:
+        pj = self._point(j)
+        for i in range(self.n):
+            d = self._dist_to(i, pj)
+            if d < mind[i]:
+                mind[i] = d
+
+    def _note_explored(self, i: int) -> None:
+        self._update(self._mindist, i)
+
+    def neighbours(self, i: int) -> list[int]:
+        """Configs one parameter one step away, then two parameters one step each."""
+        c = self.coords[i]
+        single, double = [], []
+        for a in range(len(c)):
+            for da in (-1, 1):
+                j = self.where.get(c[:a] + (c[a] + da,) + c[a + 1:])
+                if j is not None:
+                    single.append(j)
+                for b in range(a + 1, len(c)):
+                    for db in (-1, 1):
+                        moved = list(c)
+                        moved[a] += da
+                        moved[b] += db
+                        j = self.where.get(tuple(moved))
+                        if j is not None:
+                            double.append(j)
+        return single + double
+
+    def current_times(self, times: list[float]) -> list[float]:
+        """Each config's best-known time: this run's, else an earlier run's on this run's scale (anchors)."""
+        out = list(times)
+        if self.prior is None:
+            return out
+        ratios = sorted(times[i] / self.prior.times[i] for i in self.prior.explored
+                        if math.isfinite(times[i]) and math.isfinite(self.prior.times[i]) and self.prior.times[i] > 0)
+        scale = ratios[len(ratios) // 2] if ratios else 1.0
+        for i in self.prior.explored:
+            if i not in self.launched:
+                out[i] = self.prior.times[i] * scale
+        return out
+
+    def ranked(self, times: list[float]) -> list[int]:
+        return sorted((i for i, t in enumerate(times) if math.isfinite(t)), key=lambda i: (times[i], i))
+
+    def next_rung(self, times: list[float], elapsed_s: float) -> dict[int, int]:
+        """Rank 0, at a rung's end: {config: timed slots} of the next rung; {} when it is time to decide.
+        `times` are the reduced times of this run (inf: failed or not timed)."""
+        now = self.current_times(times)
+        ranked = self.ranked(now)
+        if self.phase == "explore":
+            left = min(self._explorable_now(elapsed_s), len(self._unexplored()))
+            if left > 0:
+                # Counted budgets: rungs of an eighth of what they may explore; seconds: a quarter of what is
+                # left at each rung's end, so that rank 0 re-measures what a config costs as it goes.
+                per = -(-left // 4) if self.measure == "seconds" else -(-self.explore_total // 8)
+                size = min(left, max(2, per))
+                rung: dict[int, int] = {}
+                fresh = set(self._unexplored())
+                for parent in ranked[:TOP_PARENTS]:
+                    for j in self.neighbours(parent):
+                        if len(rung) < size and j in fresh:
+                            rung[j] = 1
+                rung.update({i: 1 for i in self.spread(size - len(rung), rung)})
+                if rung:
+                    return rung
+            self.phase = "halve"
+        if self.phase in ("halve", "final") and self._out_of_time(elapsed_s):
+            self.phase = "done"  # a seconds budget already spent: decide on the samples there are
+        if self.phase == "halve":
+            self.phase = "final"
+            mine = [i for i in ranked if i in self.launched]
+            halve = {i: 1 for i in mine[: 2 * FINALISTS] if self.timed.get(i, 0) < 2}
+            if len(mine) > FINALISTS and halve and ((room := self._slots_left(elapsed_s)) is None
+                                                             or room >= len(halve) + FINALISTS):
+                return halve
+        if self.phase == "final":
+            self.phase = "done"
+            finalists = self.pick_finalists(times)
+            rung = {i: max(self.n_repeat - self.timed.get(i, 0), 0) for i in finalists}
+            if (spare := self._slots_left(elapsed_s)) is not None:
+                while sum(rung.values()) > spare and any(rung.values()):  # never past the budget
+                    worst = max((i for i in finalists if rung[i]), key=finalists.index)
+                    rung[worst] -= 1
+                k = 0
+                while sum(rung.values()) < spare and finalists:  # an executions budget is spent exactly
+                    rung[finalists[k % len(finalists)]] += 1
+                    k += 1
+            rung = {i: r for i, r in rung.items() if r > 0}
+            if rung:
+                return rung
+        return {}
+
+    def _out_of_time(self, elapsed_s: float) -> bool:
+        return self.measure == "seconds" and self.spent(elapsed_s)["seconds"] >= self.limit
+
+    def _slots_left(self, elapsed_s: float) -> int | None:
+        if self.measure != "executions":
+            return None
+        return int(self.limit - self.spent(elapsed_s)["executions"])
+
+    def pick_finalists(self, times: list[float]) -> list[int]:
+        """The configs the decision chooses among, the same on every rank (it reads only the reduced times and
+        the agreed plan): after a re-timing rung (the final, or the halving), the F fastest of that rung, so that
+        no config with fewer samples slips in; after an exploring rung (a seconds budget ran out), the F fastest
+        launched in this run."""
+        now = self.current_times(times)
+        pool = set(self.rungs[-1]) if self.rungs and self.last_retimed else self.launched
+        return [i for i in self.ranked(now) if i in pool][:FINALISTS]
+
+    def apply(self, rung: dict[int, int]) -> list[tuple[int, int, int]]:
+        """Every rank: add the rung to the agreed state; (config, warm-ups, timed slots) per config, by index."""
+        self.last_retimed = all(i in self.launched for i in rung)
+        out = []
+        for i in sorted(rung):
+            warm = 0 if i in self.launched else 1
+            out.append((i, warm, rung[i]))
+            if i not in self.launched:
+                self.launched.add(i)
+                self._note_explored(i)
+            self.timed[i] = self.timed.get(i, 0) + rung[i]
+            self.slots += warm + rung[i]
+        self.rungs.append(sorted(rung))
+        return out
+
+    def record(self, elapsed_s: float, decided_by_budget: bool) -> dict[str, Any]:
+        """What the cache entry keeps (tuned.budget): a later run with a larger budget continues from it."""
+        explored = sorted(self.launched | (self.prior.explored if self.prior is not None else set()))
+        return {"measure": self.measure, "limit": self.limit, "spent": self.spent(elapsed_s),
+                "explored": explored, "rungs": len(self.rungs), "finalists": self.finalists,
+                "decided_by_budget": decided_by_budget, "continued": self.prior is not None,
+                "space": self.n}
