@@ -52,7 +52,6 @@ from ..runtime.compat import (
     config_failure_reason,
     describe_compile,
     interpret_mode,
-    kernel_modules,
     load_binary,
     prime_compiler_hash,
     prime_interpreter,
@@ -103,6 +102,12 @@ def _stop_threads() -> None:
         thread.join(max(0.0, deadline - time.monotonic()))
 
 
+# Where a config was compiled (Compiled.places): a compile worker, this process (a thread of its own, under
+# the GIL), or nowhere, since Triton's cache had it (this process's memory or the disk cache).
+WORKER, HERE, CACHE = "workers", "here", "cache"
+PLACES = (WORKER, HERE, CACHE)
+
+
 @dataclass
 class Compiled:
     mine: list[int]  # config indices this rank compiled
@@ -111,6 +116,43 @@ class Compiled:
     by_workers: list[int] = field(default_factory=list)  # config indices a worker process compiled
     workers: dict[str, Any] = field(default_factory=dict)  # the pool's state (WorkerPool.status), {} without one
     ran_meanwhile: list[int] = field(default_factory=list)  # configs the step that met the key launched meanwhile
+    # Every config this rank compiled or loaded (its share, then the others'): where, and its own compile time.
+    places: dict[int, str] = field(default_factory=dict)
+    compile_s: dict[int, float] = field(default_factory=dict)
+    undescribed: dict[int, str] = field(default_factory=dict)  # configs no worker could take, and why
+    stolen: list[int] = field(default_factory=list)  # other ranks' configs this rank's workers compiled early
+
+    def counts(self) -> dict[str, int]:
+        return {p: sum(1 for v in self.places.values() if v == p) for p in PLACES}
+
+
+@dataclass
+class _Outcome:
+    kernels: dict[int, Any]
+    failures: dict[int, str]
+    places: dict[int, str]
+    compile_s: dict[int, float]
+    undescribed: dict[int, str]
+
+
+class _HereSlot:
+    """One config at a time compiles in this process while no worker is ready (Triton's front end holds the GIL:
+    a second would only slow the first, and the execution's own thread). A config taken here stays here, so
+    none is taken while a worker is ready: the workers drain the queue."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def try_take(self) -> bool:
+        return self._lock.acquire(blocking=False)
+
+    def give_back(self) -> None:
+        self._lock.release()
+
+
+HERE_SLOT = _HereSlot()
+# How often a config waiting for a worker looks again whether it may compile here instead.
+POLL_S = 0.05
 
 
 def local_share(n_configs: int, comm: Collectives) -> list[int]:
@@ -134,31 +176,75 @@ def _device() -> int | None:
 def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
              timeout_s: float, pool: WorkerPool | None = None, device: int | None = None,
              load: bool = True, on_ready: Callable[[int], None] | None = None,
-             ) -> tuple[dict[int, Any], dict[int, str], list[int]]:
+             stop: threading.Event | None = None) -> _Outcome:
     """Compile configs `indices` on up to `threads` threads (and `pool`'s workers); `device` is the
     caller's, since a thread started here (or by start()) begins on device 0; `on_ready(i)` as each
-    config's compile succeeds."""
+    config's compile succeeds; `stop`, once set, starts no further config (they count as not compiled).
+
+    Each config goes to a compile worker when one is ready or starting: its thread waits for a worker rather
+    than compiling it here. Here compile: the configs no worker can take (compat.describe_compile says why),
+    every config when there is no pool, and, while no worker is ready yet, one config at a time (HERE_SLOT;
+    the config an execution waits for does not wait for the slot)."""
+    out = _Outcome({}, {}, {}, {}, {})
     if not indices:
-        return {}, {}, []
-    by_workers: list[int] = []
-    undescribed: list[int] = []  # configs compile_workers cannot describe to a worker (logged)
+        return out
     first = indices[0] if on_ready is not None else None  # what a waiting execution runs first
+
+    def here(i: int) -> Any:
+        began = time.perf_counter()
+        kernel = compile_only(state.autotuner, [state.configs[i]], args, kwargs)[0]
+        out.compile_s[i] = time.perf_counter() - began
+        out.places[i] = HERE
+        return kernel
+
+    def by_worker(i: int, spec: Any) -> tuple[bool, str | None]:
+        """(True, failure) once a worker or this process took config i; (False, None): compile it here."""
+        assert pool is not None
+        while pool.usable(spec):
+            acquired = pool.acquire(POLL_S)
+            if acquired is not None:
+                outcome = pool.run(acquired, spec, timeout_s)
+                if outcome is None:
+                    return False, None  # the worker could not rebuild the kernel: here, counted
+                out.compile_s[i] = outcome.seconds
+                if outcome.failure is not None:
+                    return True, outcome.failure  # never compiled here: it may hang or crash this process
+                out.places[i] = WORKER
+                return False, None
+            if pool.ready() == 0 or not pool.live():
+                if i == first or not pool.live():
+                    return False, None
+                if HERE_SLOT.try_take():
+                    try:
+                        here(i)
+                    finally:
+                        HERE_SLOT.give_back()
+                    return True, None
+        return False, None
 
     def one(i: int) -> tuple[Any, str | None]:
         if device is not None:
             torch.cuda.set_device(device)  # Triton picks the target from this thread's current device
+        if stop is not None and stop.is_set():
+            return None, "not compiled: stopped"
         try:
-            # The config an execution waits for compiles here if no worker is ready; the others wait for one.
-            if pool is not None and (pool.ready() if i == first else pool.ready_soon()):
-                spec = describe_compile(state.autotuner, state.configs[i], args, kwargs)
-                if spec is None:
-                    undescribed.append(i)
-                outcome = None if spec is None else pool.compile(spec, timeout_s)
-                if outcome is not None:
-                    if outcome.failure is not None:
-                        return None, outcome.failure  # never compiled here: it may hang or crash this process
-                    by_workers.append(i)
+            if pool is not None:
+                described = describe_compile(state.autotuner, state.configs[i], args, kwargs)
+                if described.cached:
+                    out.places[i] = CACHE
+                elif described.spec is not None:
+                    taken, failure = by_worker(i, described.spec)
+                    if failure is not None:
+                        return None, failure
+                    if taken:  # compiled here while no worker was ready: the launch below is a hit
+                        pass
+                elif described.reason is not None:
+                    out.undescribed[i] = described.reason
+            began = time.perf_counter()
             kernel = compile_only(state.autotuner, [state.configs[i]], args, kwargs)[0]
+            if i not in out.places:  # compiled by that launch, on this thread
+                out.places[i] = HERE
+                out.compile_s[i] = time.perf_counter() - began
             if on_ready is not None:
                 on_ready(i)
             return kernel, None
@@ -171,7 +257,7 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     if device is None:
         device = _device()
     if pool is not None:
-        threads = max(threads, pool.size)  # one thread per worker keeps every worker busy
+        threads = max(threads, pool.size + 1)  # one thread per worker keeps every worker busy, one compiles here
     if math.isinf(timeout_s) and (threads <= 1 or len(indices) <= 1):
         results = {i: one(i) if not _EXITING.is_set() else (None, EXIT_REASON) for i in indices}  # nothing to bound
     else:
@@ -182,13 +268,13 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
             results[i] = (None, EXIT_REASON if _EXITING.is_set() else
                           f"compile timeout: compiling this config took longer than {timeout_s:g} s, so it was "
                           "abandoned (raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT if it is just slow)")
-    kernels = {i: k for i, (k, r) in results.items() if r is None}
-    failures = {i: r for i, (_, r) in results.items() if r is not None}
+    out.kernels = {i: k for i, (k, r) in results.items() if r is None}
+    out.failures = {i: r for i, (_, r) in results.items() if r is not None}
     if load:
-        failures.update(_load(kernels))
-    if undescribed and pool is not None:
-        pool.undescribed += len(undescribed)
-    return kernels, failures, sorted(i for i in by_workers if i in kernels)
+        out.failures.update(_load(out.kernels))
+    for i in out.failures:
+        out.places.pop(i, None)
+    return out
 
 
 def _load(kernels: dict[int, Any]) -> dict[int, str]:
@@ -352,7 +438,7 @@ def _pool(workers: int, state: KeyState) -> WorkerPool | None:
     if workers <= 0:
         return None
     try:
-        return get_pool(workers, preload=kernel_modules(state.autotuner))
+        return get_pool(workers)
     except (RuntimeError, OSError):
         return None  # no GPU driver to name the target, no process to start: the threads compile
 
@@ -366,14 +452,20 @@ class Precompiling:
         self.state, self.args, self.kwargs = state, args, kwargs
         self.threads, self.timeout_s = threads, timeout_s
         self.started = time.perf_counter()
+        skip = set(state.failures) | set(state.carried)
         # Configs already failed (quarantined: they killed a process) are neither compiled nor run; carried
         # ones (incremental re-tuning) take no slot and compile at their first launch if they win.
-        self.mine = [i for i in local_share(len(state.configs), comm) if i not in state.failures
-                     and i not in state.carried]
+        self.mine = [i for i in local_share(len(state.configs), comm) if i not in skip]
+        # The other local ranks' configs, last first (their owners start at the front): this rank's workers
+        # compile them once its own share is done, while the finish() of the step is not reached yet, so no
+        # rank's workers idle while another's queue is long. Their outcome only warms Triton's disk cache.
+        self.others = [i for i in reversed(range(len(state.configs))) if i not in self.mine and i not in skip]
         self.ran_meanwhile: list[int] = []  # what first_ready() handed to the execution
         self._ready: list[int] = []
         self._settled = False
         self._cond = threading.Condition()
+        self._stop_stealing = threading.Event()
+        self.stolen: list[int] = []
         self.pool = _pool(workers, state)
         self.device = _device()
         if not interpret_mode():
@@ -381,7 +473,7 @@ class Precompiling:
             prime_compiler_hash()
         else:
             prime_interpreter(state.autotuner)  # its AST is parsed here, not on a compile thread
-        self._outcome: tuple[dict[int, Any], dict[int, str], list[int]] | None = None
+        self._outcome: _Outcome | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
@@ -399,6 +491,13 @@ class Precompiling:
             with self._cond:
                 self._settled = True
                 self._cond.notify_all()
+        if self._error is None and self.pool is not None and self.others and not self._stop_stealing.is_set():
+            try:
+                stolen = _compile(self.state, self.others, self.args, self.kwargs, self.threads, self.timeout_s,
+                                  self.pool, self.device, load=False, stop=self._stop_stealing)
+                self.stolen = sorted(i for i, p in stolen.places.items() if p == WORKER)
+            except Exception:  # noqa: BLE001 (a head start only: finish() compiles these configs itself)
+                pass
 
     def _on_ready(self, index: int) -> None:
         with self._cond:
@@ -422,6 +521,7 @@ class Precompiling:
             return self._settled
 
     def finish(self, comm: Collectives) -> Compiled:
+        self._stop_stealing.set()  # the configs in a worker's hands finish; no further one starts
         if self._thread is None:
             self._compile_mine()
         else:
@@ -429,22 +529,28 @@ class Precompiling:
         if self._error is not None:
             raise self._error
         assert self._outcome is not None
-        kernels, failures, by_workers = self._outcome
-        failures.update(_load(kernels))
-        by_workers = [i for i in by_workers if i not in failures]
+        mine = self._outcome
+        failures = dict(mine.failures)
+        failures.update(_load(mine.kernels))
         state, n, pool = self.state, len(self.state.configs), self.pool
         failures.update(comm.share_failures(failures, n, "share precompile results"))
         # The others' binaries are in the shared Triton cache now: loading them here is cheap and keeps
         # the load out of the first slot (compiled here instead when caches are not shared).
         rest = [i for i in range(n) if i not in self.mine and i not in failures and i not in state.failures
                 and i not in state.carried]
-        _, more, _ = _compile(state, rest, self.args, self.kwargs, self.threads, self.timeout_s, pool, self.device)
+        others = _compile(state, rest, self.args, self.kwargs, self.threads, self.timeout_s, pool, self.device)
         # A config can fail here alone (a timeout on this rank, a binary this GPU cannot load):
         # share that too, so every rank skips the same configs from the first slot on.
-        failures.update(comm.share_failures(more, n, "share load results"))
+        failures.update(comm.share_failures(others.failures, n, "share load results"))
+        places = {i: p for i, p in {**mine.places, **others.places}.items() if i not in failures}
+        for i in self.stolen:  # compiled by this rank's workers ahead of finish(): the launch above was a hit
+            if places.get(i) == CACHE:
+                places[i] = WORKER
+        compile_s = {i: t for i, t in {**others.compile_s, **mine.compile_s}.items()}
+        by_workers = sorted(i for i in self.mine if places.get(i) == WORKER)
         return Compiled(self.mine, time.perf_counter() - self.started, failures, by_workers,
-                        {} if pool is None else dict(pool.status(), undescribed=pool.undescribed),
-                        sorted(set(self.ran_meanwhile)))
+                        {} if pool is None else pool.status(), sorted(set(self.ran_meanwhile)), places, compile_s,
+                        {**mine.undescribed, **others.undescribed}, list(self.stolen))
 
 
 def start(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,
