@@ -121,6 +121,8 @@ class Compiled:
     compile_s: dict[int, float] = field(default_factory=dict)
     undescribed: dict[int, str] = field(default_factory=dict)  # configs no worker could take, and why
     stolen: list[int] = field(default_factory=list)  # other ranks' configs this rank's workers compiled early
+    started: float = 0.0  # perf_counter: when the key's first launch started its compiles
+    ended: float = 0.0  # perf_counter: when its last config was compiled (or found in the cache)
 
     def counts(self) -> dict[str, int]:
         return {p: sum(1 for v in self.places.values() if v == p) for p in PLACES}
@@ -133,6 +135,7 @@ class _Outcome:
     places: dict[int, str]
     compile_s: dict[int, float]
     undescribed: dict[int, str]
+    ended: float = 0.0  # perf_counter when the last config was settled
 
 
 class _HereSlot:
@@ -185,7 +188,7 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     than compiling it here. Here compile: the configs no worker can take (compat.describe_compile says why),
     every config when there is no pool, and, while no worker is ready yet, one config at a time (HERE_SLOT;
     the config an execution waits for does not wait for the slot)."""
-    out = _Outcome({}, {}, {}, {}, {})
+    out = _Outcome({}, {}, {}, {}, {}, time.perf_counter())
     if not indices:
         return out
     first = indices[0] if on_ready is not None else None  # what a waiting execution runs first
@@ -274,6 +277,7 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
         out.failures.update(_load(out.kernels))
     for i in out.failures:
         out.places.pop(i, None)
+    out.ended = time.perf_counter()
     return out
 
 
@@ -550,7 +554,8 @@ class Precompiling:
         by_workers = sorted(i for i in self.mine if places.get(i) == WORKER)
         return Compiled(self.mine, time.perf_counter() - self.started, failures, by_workers,
                         {} if pool is None else pool.status(), sorted(set(self.ran_meanwhile)), places, compile_s,
-                        {**mine.undescribed, **others.undescribed}, list(self.stolen))
+                        {**mine.undescribed, **others.undescribed}, list(self.stolen), self.started,
+                        max(mine.ended, others.ended if rest else 0.0))
 
 
 def start(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,
