@@ -65,7 +65,7 @@ def _run(scenarios: tuple[str, ...], cache: str, **extra: str) -> dict[str, dict
 def healthy(tmp_path_factory) -> dict[str, dict[str, Any]]:
     # LOCAL_RANK 1 of 2: the split scenario's precompile compiles configs 1 and 3 of 4 first.
     marker = tmp_path_factory.mktemp("preload") / "pids"
-    rows = _run(("reuse", "split", "fallback"), str(tmp_path_factory.mktemp("triton-cache")),
+    rows = _run(("reuse", "split", "fallback", "cuda_import"), str(tmp_path_factory.mktemp("triton-cache")),
                 LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", PRELOAD_MARKER=str(marker))
     return {**rows, "preloaded": {"pids": sorted(int(p) for p in marker.read_text().split())}}
 
@@ -79,6 +79,11 @@ def test_workers_compile_real_binaries_that_the_parent_then_finds(healthy):
     assert "BLOCK over LIMIT" in first["failures"]["0"]
     assert second["by_workers"] == [0, 1, 2] and second["new_cubins"] == 3 and second["failures"] == {}
     assert row["outer"]["by_workers"] == [0, 1, 2] and row["outer"]["new_cubins"] == 3
+    # The parent's own compile-only launches after the workers' compiles were all hits in Triton's disk cache
+    # (its compilation listener saw no miss): the worker's binary is under the key the parent looks up.
+    for name in ("first", "second", "outer"):
+        assert row[name]["compiled_here"] == 0, name
+        assert row[name]["counts"] == {"workers": len(row[name]["by_workers"]), "here": 0, "cache": 0}, name
     # The parent compiled the same 6 configs again: every one a hit in Triton's cache, so the same keys.
     assert row["parent_new_cubins"] == 0
 
@@ -99,11 +104,32 @@ def test_each_local_rank_hands_its_own_share_to_its_workers(healthy):
     assert result["new_cubins"] == 4  # the others' share was then compiled here too: no rank 0 shared its cache
 
 
-def test_kernels_a_fresh_process_cannot_import_are_compiled_on_threads(healthy):
+def test_kernels_a_fresh_process_cannot_import_are_compiled_by_workers_from_their_source(healthy):
     row = healthy["fallback"]
     for name in ("main", "local"):  # defined in __main__; built inside a function
-        assert row[name] == {"mine": [0, 1], "by_workers": [], "failures": {}, "new_cubins": 2}, name
-    assert row["threads_only"] == {"mine": [0], "by_workers": [], "failures": {}, "new_cubins": 1}  # workers=0
+        got = row[name]
+        assert (got["mine"], got["by_workers"], got["failures"], got["new_cubins"]) == ([0, 1], [0, 1], {}, 2), name
+        assert got["counts"] == {"workers": 2, "here": 0, "cache": 0} and got["compiled_here"] == 0, name
+    threads = row["threads_only"]  # workers=0: this process compiles, and says so
+    assert (threads["mine"], threads["by_workers"], threads["new_cubins"]) == ([0], [], 1)
+    assert threads["counts"] == {"workers": 0, "here": 1, "cache": 0} and threads["compiled_here"] == 1
+
+
+def test_a_kernel_module_that_touches_cuda_at_import_does_not_break_the_workers(healthy):
+    """FLA asks the GPU for its name when imported; the workers never import the kernel's module."""
+    result = healthy["cuda_import"]["result"]
+    assert result["by_workers"] == [0, 1, 2] and result["failures"] == {} and result["new_cubins"] == 3
+    assert result["counts"] == {"workers": 3, "here": 0, "cache": 0} and result["compiled_here"] == 0
+
+
+def test_the_compile_counts_add_up_to_the_configs(healthy):
+    """workers + in-process + Triton's cache == the configs compiled (the failed ones are in none)."""
+    rows = [healthy["reuse"][k] for k in ("first", "second", "outer")] + [healthy["split"]["result"]]
+    rows += [healthy["fallback"][k] for k in ("main", "local", "threads_only")] + [healthy["cuda_import"]["result"]]
+    for r in rows:
+        assert sum(r["counts"].values()) + len(r["failures"]) == r["configs"], r
+    # A warm repeat finds every binary in Triton's cache (the split scenario's 4 configs, compiled by then).
+    assert healthy["split"]["result"]["counts"]["workers"] >= 2
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +189,9 @@ def test_the_default_path_forks_a_worker_per_core_from_the_zygote_that_decoratio
     assert row["parents"] == [row["zygote"]]  # forked by the zygote, not started (and importing torch) one by one
     # The first key forked the pool: its compiles waited the milliseconds the forks took rather than running
     # on threads (no execution waits for one of them here).
-    assert row["first"] == {"mine": [0, 1, 2], "by_workers": [0, 1, 2], "failures": {}, "new_cubins": 3}
+    first = row["first"]
+    assert (first["mine"], first["by_workers"], first["failures"], first["new_cubins"]) == ([0, 1, 2], [0, 1, 2], {}, 3)
+    assert first["counts"] == {"workers": 3, "here": 0, "cache": 0} and first["compiled_here"] == 0
     # Once the pool has started, the workers compile every config; the one too big fails there.
     second = row["second"]
     assert second["by_workers"] == [1, 2, 3] and list(second["failures"]) == ["0"] and second["new_cubins"] == 3

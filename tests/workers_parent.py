@@ -76,6 +76,17 @@ def cubins() -> int:
     return len(list(CACHE.glob("*/*.cubin")))
 
 
+MISSES: list[str] = []  # kernels this process compiled itself (Triton's disk cache did not have them)
+
+
+def _listen(*, src: Any, cache_hit: bool, **_: Any) -> None:
+    if not cache_hit:
+        MISSES.append(src.name)
+
+
+triton.knobs.compilation.listener = _listen
+
+
 def tune(at: Any, n: int, comm: Collectives | None = None, timeout_s: float = math.inf, workers: int = 2,
          **kwargs: Any) -> dict[str, Any]:
     x = torch.zeros(n)
@@ -83,11 +94,13 @@ def tune(at: Any, n: int, comm: Collectives | None = None, timeout_s: float = ma
     kwargs = {"grid": (1,), "warmup": False, **kwargs}
     state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs), n_warmup=1,
                      n_repeat=1, kernel=compat.kernel_name(at))
-    before = cubins()
+    before, misses = cubins(), len(MISSES)
     done = P.precompile(state, args, kwargs, comm or Collectives(False), threads=2, timeout_s=timeout_s,
                         workers=workers)
     return {"mine": done.mine, "by_workers": done.by_workers, "failures": {str(i): r for i, r in done.failures.items()},
-            "new_cubins": cubins() - before}
+            "new_cubins": cubins() - before, "counts": done.counts(), "compiled_here": len(MISSES) - misses,
+            "undescribed": {str(i): r for i, r in done.undescribed.items()}, "stolen": done.stolen,
+            "configs": len(state.configs)}
 
 
 def parent_hits(at: Any, n: int, blocks: list[int], **kwargs: Any) -> int:
@@ -163,6 +176,12 @@ def scenario(name: str) -> dict[str, Any]:
     if name == "fallback":
         return {"pids": pids, "main": tune(main_add_one_, 64), "local": tune(_local_kernel(), 64),
                 "threads_only": tune(K.single_config_add_one_, 64, workers=0)}
+    if name == "cuda_import":
+        # A kernel library that asks the GPU for its name at import (as FLA does): it raises in any process but
+        # this one, so a worker that imported it could not compile. The workers get the kernel as source.
+        os.environ["CUDA_TOUCH_PARENT"] = str(os.getpid())
+        from tests import cuda_touch_kernels as C
+        return {"pids": pids, "result": tune(C.touchy_add_one_, 64), "gpu_name": C.GPU_NAME}
     if name == "hold":
         print(json.dumps({"pids": pids, "parent": os.getpid(), "zygote": pool.zygote.pid}), flush=True)
         time.sleep(3600)  # the test kills this process
