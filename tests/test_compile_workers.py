@@ -118,6 +118,7 @@ def test_kernels_a_fresh_process_cannot_import_are_compiled_by_workers_from_thei
 def test_a_kernel_module_that_touches_cuda_at_import_does_not_break_the_workers(healthy):
     """FLA asks the GPU for its name when imported; the workers never import the kernel's module."""
     result = healthy["cuda_import"]["result"]
+    assert result["by_workers"] == [0, 1, 2], result
     assert result["by_workers"] == [0, 1, 2] and result["failures"] == {} and result["new_cubins"] == 3
     assert result["counts"] == {"workers": 3, "here": 0, "cache": 0} and result["compiled_here"] == 0
 
@@ -190,7 +191,8 @@ def test_the_default_path_forks_a_worker_per_core_from_the_zygote_that_decoratio
     # The first key forked the pool: its compiles waited the milliseconds the forks took rather than running
     # on threads (no execution waits for one of them here).
     first = row["first"]
-    assert (first["mine"], first["by_workers"], first["failures"], first["new_cubins"]) == ([0, 1, 2], [0, 1, 2], {}, 3)
+    assert (first["mine"], first["by_workers"], first["failures"], first["new_cubins"]) == ([0, 1, 2], [0, 1, 2], {},
+                                                                                          3), row
     assert first["counts"] == {"workers": 3, "here": 0, "cache": 0} and first["compiled_here"] == 0
     # Once the pool has started, the workers compile every config; the one too big fails there.
     second = row["second"]

@@ -100,7 +100,7 @@ def tune(at: Any, n: int, comm: Collectives | None = None, timeout_s: float = ma
     return {"mine": done.mine, "by_workers": done.by_workers, "failures": {str(i): r for i, r in done.failures.items()},
             "new_cubins": cubins() - before, "counts": done.counts(), "compiled_here": len(MISSES) - misses,
             "undescribed": {str(i): r for i, r in done.undescribed.items()}, "stolen": done.stolen,
-            "configs": len(state.configs)}
+            "configs": len(state.configs), "unusable": (done.workers or {}).get("unusable", {})}
 
 
 def parent_hits(at: Any, n: int, blocks: list[int], **kwargs: Any) -> int:

@@ -54,6 +54,11 @@ BOOT_TIMEOUT_S = 300.0
 # A worker that fails to start is not replaced after this many such failures: the pool is broken
 # (an environment the child cannot import in), and the threads compile instead.
 MAX_BOOT_FAILURES = 3
+# Seconds after the pool is made from a ready zygote during which configs wait for its forks to be ready rather
+# than compile in the rank's process (a fork from the zygote is ready in milliseconds; a config taken here holds
+# the GIL for the whole compile, while the workers would have taken it).
+FORK_GRACE_S = 2.0
+
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds triton_ctx_tune/
 _BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from triton_ctx_tune.compile.compile_workers import zygote; "
          "zygote(int(sys.argv[2]), int(sys.argv[3]))")
@@ -243,6 +248,11 @@ class WorkerPool:
     def ready(self) -> int:
         with self._cond:
             return self._count("idle", "busy")
+
+    def forking(self) -> bool:
+        """Whether workers are being forked from a ready zygote, within FORK_GRACE_S of the pool's making or
+        growth: they are ready in milliseconds, so a config waits for them rather than compile here."""
+        return self.zygote.state == "ready" and time.monotonic() - self.made < FORK_GRACE_S
 
     def grow(self, size: int) -> None:
         with self._cond:

@@ -179,10 +179,11 @@ def _device() -> int | None:
 def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
              timeout_s: float, pool: WorkerPool | None = None, device: int | None = None,
              load: bool = True, on_ready: Callable[[int], None] | None = None,
-             stop: threading.Event | None = None) -> _Outcome:
+             stop: threading.Event | None = None, later: bool = False) -> _Outcome:
     """Compile configs `indices` on up to `threads` threads (and `pool`'s workers); `device` is the
     caller's, since a thread started here (or by start()) begins on device 0; `on_ready(i)` as each
-    config's compile succeeds; `stop`, once set, starts no further config (they count as not compiled).
+    config's compile succeeds; `stop`, once set, starts no further config (they count as not compiled);
+    `later`: the configs wait in GATE behind every config of any key that is not `later` (stolen ones).
 
     Each config goes to a compile worker when one is ready or starting: its thread waits for a worker rather
     than compiling it here. Here compile: the configs no worker can take (compat.describe_compile says why),
@@ -204,7 +205,12 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
         """(True, failure) once a worker or this process took config i; (False, None): compile it here."""
         assert pool is not None
         while pool.usable(spec):
-            acquired = pool.acquire(POLL_S)
+            if stop is not None and stop.is_set():
+                return True, "not compiled: stopped"
+            # The config an execution waits for takes an idle worker now, or compiles here at once.
+            acquired = pool.acquire(0.0 if i == first and not pool.forking() else POLL_S)
+            if acquired is None and i == first:
+                return False, None
             if acquired is not None:
                 outcome = pool.run(acquired, spec, timeout_s)
                 if outcome is None:
@@ -215,9 +221,9 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
                 out.places[i] = WORKER
                 return False, None
             if pool.ready() == 0 or not pool.live():
-                if i == first or not pool.live():
+                if not pool.live():
                     return False, None
-                if HERE_SLOT.try_take():
+                if not pool.forking() and HERE_SLOT.try_take():
                     try:
                         here(i)
                     finally:
@@ -265,7 +271,8 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
         results = {i: one(i) if not _EXITING.is_set() else (None, EXIT_REASON) for i in indices}  # nothing to bound
     else:
         done, late = run_with_deadline(indices, one, threads, timeout_s + (WORKER_GRACE_S if pool else 0.0),
-                                       gate=lambda i: GATE.enter(i == first, threads, len(state.configs)))
+                                       gate=lambda i: GATE.enter(i == first, threads,
+                                                                 len(state.configs) + (1 << 30 if later else 0)))
         results = {i: r for i, r in done.items()}
         for i in late:
             results[i] = (None, EXIT_REASON if _EXITING.is_set() else
@@ -485,10 +492,13 @@ class Precompiling:
         self._thread = _start_thread(self._compile_mine, "ctx-tune-precompile")
         return self
 
-    def _compile_mine(self) -> None:
+    def _compile_mine(self, waited_for: bool = True) -> None:
+        """`waited_for`: an execution waits for the first config (first_ready): it compiles here at once when no
+        worker is idle. Not when both halves run at once (precompile()): then no config is in a hurry."""
         try:
             self._outcome = _compile(self.state, self.mine, self.args, self.kwargs, self.threads, self.timeout_s,
-                                     self.pool, self.device, load=False, on_ready=self._on_ready)
+                                     self.pool, self.device, load=False,
+                                     on_ready=self._on_ready if waited_for else None)
         except BaseException as e:  # noqa: BLE001 (re-raised by finish(), on the thread that owns the call)
             self._error = e
         finally:
@@ -498,7 +508,7 @@ class Precompiling:
         if self._error is None and self.pool is not None and self.others and not self._stop_stealing.is_set():
             try:
                 stolen = _compile(self.state, self.others, self.args, self.kwargs, self.threads, self.timeout_s,
-                                  self.pool, self.device, load=False, stop=self._stop_stealing)
+                                  self.pool, self.device, load=False, stop=self._stop_stealing, later=True)
                 self.stolen = sorted(i for i, p in stolen.places.items() if p == WORKER)
             except Exception:  # noqa: BLE001 (a head start only: finish() compiles these configs itself)
                 pass
@@ -527,7 +537,7 @@ class Precompiling:
     def finish(self, comm: Collectives) -> Compiled:
         self._stop_stealing.set()  # the configs in a worker's hands finish; no further one starts
         if self._thread is None:
-            self._compile_mine()
+            self._compile_mine(waited_for=False)
         else:
             self._thread.join()
         if self._error is not None:

@@ -502,12 +502,13 @@ def capture_compile(at: Autotuner, config: Config, args: Sequence[Any], kwargs: 
         raise _NotDescribable("not a compiled JIT function")
     from triton.runtime import driver
 
-    fn.device_caches[driver.active.get_current_device()]  # create_binder sets fn.compile: wrap it after
-    current = fn.__dict__.get("compile")
-    if current is None:
-        raise _NotDescribable("this Triton keeps no compile() on the JIT function")
-    if getattr(current, "_ctx_tune_real", None) is None:
-        fn.compile = _capturing_compile(current)
+    with _CAPTURE_LOCK:  # two threads' first access would both run create_binder, the second unwrapping compile
+        fn.device_caches[driver.active.get_current_device()]  # create_binder sets fn.compile: wrap it after
+        current = fn.__dict__.get("compile")
+        if current is None:
+            raise _NotDescribable("this Triton keeps no compile() on the JIT function")
+        if getattr(current, "_ctx_tune_real", None) is None:
+            fn.compile = _capturing_compile(current)
     _capture.on = True
     try:
         compile_only(at, [config], args, kwargs)
@@ -515,7 +516,14 @@ def capture_compile(at: Autotuner, config: Config, args: Sequence[Any], kwargs: 
         return c.src, c.target, c.options
     finally:
         _capture.on = False
+    if getattr(fn.__dict__.get("compile"), "_ctx_tune_real", None) is None:
+        # Another thread's first launch on another device rebuilt the binder meanwhile: the launch above may
+        # have compiled here. Counted as compiled here, not as a cache hit.
+        raise _NotDescribable("compiled in this process: Triton rebuilt the kernel's binder meanwhile")
     return None
+
+
+_CAPTURE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
