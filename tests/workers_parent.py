@@ -98,6 +98,7 @@ def tune(at: Any, n: int, comm: Collectives | None = None, timeout_s: float = ma
     done = P.precompile(state, args, kwargs, comm or Collectives(False), threads=2, timeout_s=timeout_s,
                         workers=workers)
     return {"mine": done.mine, "by_workers": done.by_workers, "failures": {str(i): r for i, r in done.failures.items()},
+            "rejected": {str(i): r for i, r in done.rejected.items()},
             "new_cubins": cubins() - before, "counts": done.counts(), "compiled_here": len(MISSES) - misses,
             "undescribed": {str(i): r for i, r in done.undescribed.items()}, "stolen": done.stolen,
             "configs": len(state.configs), "unusable": (done.workers or {}).get("unusable", {})}

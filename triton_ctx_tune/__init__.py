@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 from .errors import (CollectiveTimeoutError, CtxTuneError, EmptyConfigSpaceError, InvalidOptionError,  # noqa: E402
                      NoProcessGroupError, NothingToValidateError, NoValidConfigError, NoValidPointError,
                      RankMismatchError, StateNotRestorableError, TuneDuringCaptureError, UnattributedLaunchWarning,
-                     UserHookError)
+                     UnsupportedAutotunerWarning, UserHookError)
 from .runtime.clean_exit import import_distributed_nn  # noqa: E402
 
 # Before any decoration imports torch._dynamo: a process group it bound would outlive destroy_process_group().
@@ -21,13 +21,14 @@ import_distributed_nn()
 
 from .compile.compile_workers import start_compile_workers  # noqa: E402
 from .runtime.patch import autotuner_patch  # noqa: E402
+from .runtime.libraries import tune_like_triton  # noqa: E402
 from .runtime.resolver import carry  # noqa: E402
 from .engine.session import CallStats  # noqa: E402
 from .tuner import ContextualAutotuner, contextual_autotune  # noqa: E402
 from .function_tuner import FunctionAutotuner, autotune  # noqa: E402
 
 __all__ = ["contextual_autotune", "ContextualAutotuner", "autotune", "FunctionAutotuner", "start_compile_workers",
-           "autotuner_patch", "carry", "CallStats", "CtxTuneError",
+           "autotuner_patch", "carry", "tune_like_triton", "CallStats", "CtxTuneError", "UnsupportedAutotunerWarning",
            "InvalidOptionError", "EmptyConfigSpaceError", "NoValidConfigError", "RankMismatchError",
            "CollectiveTimeoutError", "TuneDuringCaptureError", "UnattributedLaunchWarning", "NoValidPointError",
            "UserHookError", "NoProcessGroupError", "NothingToValidateError", "StateNotRestorableError", "__version__"]

@@ -42,15 +42,28 @@ class EmptyConfigSpaceError(CtxTuneError):
         self.key = key
 
 
+def distinct_reasons(failures: Mapping[str, Sequence[str]], limit: int = 300) -> list[tuple[str, int]]:
+    """The distinct failure reasons of `failures` (config -> ["rank r: reason", ...]), most common first,
+    without the rank prefix, each cut to `limit` characters (a reason names its cause first)."""
+    counts: dict[str, int] = {}
+    for reasons in failures.values():
+        for reason in reasons:
+            text = reason.split(": ", 1)[1] if reason.startswith("rank ") and ": " in reason else reason
+            text = text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
+            counts[text] = counts.get(text, 0) + 1
+    return sorted(counts.items(), key=lambda item: -item[1])
+
+
 class NoValidConfigError(CtxTuneError):
     """Every config of one (kernel, key) failed, on this rank or on another one."""
 
     def __init__(self, kernel: str, key: object, failures: Mapping[str, Sequence[str]]) -> None:
-        lines = [f"kernel {kernel}, key {key!r}: every config failed, so there is nothing to choose."]
-        for config, reasons in failures.items():
-            lines.append(f"  config {{{config}}}: " + "; ".join(reasons))
-        lines.append("Fix: add configs that fit this GPU (smaller blocks, fewer stages), "
-                     "or prune the ones that cannot compile with prune_configs_by.")
+        lines = [f"kernel {kernel}, key {key!r}: every config failed, so there is nothing to choose.",
+                 "Reasons, most common first (each reason once, with how many configs and ranks gave it):"]
+        lines += [f"  {n} x {reason}" for reason, n in distinct_reasons(failures)]
+        lines.append("Configs: " + "; ".join(f"{{{config}}}" for config in failures))
+        lines.append("Fix: add configs that fit this GPU (smaller blocks, fewer stages), or prune the ones that "
+                     "cannot compile with prune_configs_by. The full texts are in the rank logs ('error' event).")
         super().__init__("\n".join(lines))
         self.kernel = kernel
         self.key = key
@@ -179,6 +192,21 @@ class UnattributedLaunchWarning(UserWarning):
             "launch from a thread it started, wrap that thread's target with triton_ctx_tune.carry(fn).")
         self.kernel = kernel
         self.key = key
+
+
+class UnsupportedAutotunerWarning(UserWarning):
+    """An Autotuner subclass overrides run in a way a tuning call does not know: it is not tuned."""
+
+    def __init__(self, kernel: str, cls: str, does: str) -> None:
+        super().__init__(
+            f"kernel {kernel}: its autotuner is a {cls}, which {does}. A tuning call cannot tune it as Triton's "
+            "Autotuner: inside one it runs its first config, untuned and the same on every rank, instead of "
+            "benchmarking itself on the call's buffers on each rank alone. If its run keeps the meaning of "
+            "Triton's (benchmark the configs, keep the fastest per key), declare it with "
+            f"triton_ctx_tune.tune_like_triton({cls.rsplit('.', 1)[-1]}, key=...) and it is tuned like any "
+            "autotuned kernel; otherwise tune it outside tuning calls, with its own run.")
+        self.kernel = kernel
+        self.cls = cls
 
 
 class TuneDuringCaptureError(CtxTuneError):

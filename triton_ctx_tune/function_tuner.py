@@ -152,7 +152,7 @@ class FunctionAutotuner(ContextualAutotuner[R]):
     def _run(self, opts: TuneOptions, args: tuple, kwargs: dict[str, Any], point: dict[str, Any] | None,
              tune: tuple[Any, list[dict[str, Any]]] | None) -> R:
         require_process_group(opts.is_dist, self.name)
-        if not patch.resident:
+        if not patch.resident or patch.cover_changed():  # (cover_changed: a library imported since)
             patch.make_resident()
         call = Call(self.name, opts)
         self._last = call

@@ -90,7 +90,7 @@ class ContextualAutotuner(Generic[R]):
             return self.fn(*args, **kwargs)
         if self.opts.is_dist:  # (the warm path of a single-process function pays one attribute read)
             require_process_group(True, self.name)
-        if not patch.resident:
+        if not patch.resident or patch.cover_changed():  # (cover_changed: a library imported since)
             patch.make_resident()
         call = Call(self.name, self.opts)
         self._last = call

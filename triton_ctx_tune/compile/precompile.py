@@ -48,6 +48,7 @@ import torch
 from ..engine.state import KeyState
 from ..runtime.collectives import Collectives
 from ..runtime.compat import (
+    SignatureUnknown,
     compile_only,
     config_failure_reason,
     describe_compile,
@@ -112,7 +113,11 @@ PLACES = (WORKER, HERE, CACHE)
 class Compiled:
     mine: list[int]  # config indices this rank compiled
     seconds: float
-    failures: dict[int, str] = field(default_factory=dict)  # config index -> reason (any rank's)
+    failures: dict[int, str] = field(default_factory=dict)  # config index -> reason (any rank's): excluded
+    # Configs precompile could not build (any rank's): their launch compiles them again, with the real
+    # arguments, and only a failure there excludes them (precompile may have built the wrong signature).
+    rejected: dict[int, str] = field(default_factory=dict)
+    skipped: dict[int, str] = field(default_factory=dict)  # not precompiled here, and why: they compile at launch
     by_workers: list[int] = field(default_factory=list)  # config indices a worker process compiled
     workers: dict[str, Any] = field(default_factory=dict)  # the pool's state (WorkerPool.status), {} without one
     ran_meanwhile: list[int] = field(default_factory=list)  # configs the step that met the key launched meanwhile
@@ -126,16 +131,6 @@ class Compiled:
 
     def counts(self) -> dict[str, int]:
         return {p: sum(1 for v in self.places.values() if v == p) for p in PLACES}
-
-
-@dataclass
-class _Outcome:
-    kernels: dict[int, Any]
-    failures: dict[int, str]
-    places: dict[int, str]
-    compile_s: dict[int, float]
-    undescribed: dict[int, str]
-    ended: float = 0.0  # perf_counter when the last config was settled
 
 
 class _HereSlot:
@@ -176,10 +171,30 @@ def _device() -> int | None:
     return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
+# Failures of the compile itself, not of the config: they exclude the config on every rank without a second
+# try, since compiling it again on the launch path could hang or crash the function. Any other precompile
+# failure is a rejection, which the launch path checks.
+_EXCLUDING = ("compile timeout:", "compile worker crashed:", EXIT_REASON)
+
+
+@dataclass
+class Batch:
+    """What compiling some configs gave: kernels, and per config why not."""
+    kernels: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, str] = field(default_factory=dict)  # excluded: _EXCLUDING
+    rejected: dict[int, str] = field(default_factory=dict)  # the launch path tries them again
+    skipped: dict[int, str] = field(default_factory=dict)  # their signature is known only at launch
+    by_workers: list[int] = field(default_factory=list)
+    places: dict[int, str] = field(default_factory=dict)  # where each config compiled: PLACES
+    compile_s: dict[int, float] = field(default_factory=dict)  # each config's own compile time
+    undescribed: dict[int, str] = field(default_factory=dict)  # configs no worker could take, and why
+    ended: float = field(default_factory=time.perf_counter)  # when the last config was settled
+
+
 def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
              timeout_s: float, pool: WorkerPool | None = None, device: int | None = None,
              load: bool = True, on_ready: Callable[[int], None] | None = None,
-             stop: threading.Event | None = None, later: bool = False) -> _Outcome:
+             stop: threading.Event | None = None, later: bool = False) -> Batch:
     """Compile configs `indices` on up to `threads` threads (and `pool`'s workers); `device` is the
     caller's, since a thread started here (or by start()) begins on device 0; `on_ready(i)` as each
     config's compile succeeds; `stop`, once set, starts no further config (they count as not compiled);
@@ -189,7 +204,7 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     than compiling it here. Here compile: the configs no worker can take (compat.describe_compile says why),
     every config when there is no pool, and, while no worker is ready yet, one config at a time (HERE_SLOT;
     the config an execution waits for does not wait for the slot)."""
-    out = _Outcome({}, {}, {}, {}, {}, time.perf_counter())
+    out = Batch()
     if not indices:
         return out
     first = indices[0] if on_ready is not None else None  # what a waiting execution runs first
@@ -257,6 +272,9 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
             if on_ready is not None:
                 on_ready(i)
             return kernel, None
+        except SignatureUnknown as e:
+            out.skipped[i] = f"not precompiled: {e}; it compiles at its first launch"
+            return None, None
         except Exception as e:
             reason = config_failure_reason(e)
             if reason is None:
@@ -278,12 +296,15 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
             results[i] = (None, EXIT_REASON if _EXITING.is_set() else
                           f"compile timeout: compiling this config took longer than {timeout_s:g} s, so it was "
                           "abandoned (raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT if it is just slow)")
-    out.kernels = {i: k for i, (k, r) in results.items() if r is None}
-    out.failures = {i: r for i, (_, r) in results.items() if r is not None}
+    out.kernels = {i: k for i, (k, r) in results.items() if r is None and i not in out.skipped}
+    for i, (_, reason) in results.items():
+        if reason is not None:
+            (out.failures if reason.startswith(_EXCLUDING) else out.rejected)[i] = reason
     if load:
-        out.failures.update(_load(out.kernels))
-    for i in out.failures:
+        out.rejected.update(_load(out.kernels))
+    for i in [*out.failures, *out.rejected, *out.skipped]:
         out.places.pop(i, None)
+    out.by_workers = sorted(i for i, p in out.places.items() if p == WORKER)
     out.ended = time.perf_counter()
     return out
 
@@ -484,7 +505,7 @@ class Precompiling:
             prime_compiler_hash()
         else:
             prime_interpreter(state.autotuner)  # its AST is parsed here, not on a compile thread
-        self._outcome: _Outcome | None = None
+        self._outcome: Batch | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
@@ -543,29 +564,40 @@ class Precompiling:
         if self._error is not None:
             raise self._error
         assert self._outcome is not None
-        mine = self._outcome
-        failures = dict(mine.failures)
-        failures.update(_load(mine.kernels))
-        state, n, pool = self.state, len(self.state.configs), self.pool
-        failures.update(comm.share_failures(failures, n, "share precompile results"))
+        mine, state, n, pool = self._outcome, self.state, len(self.state.configs), self.pool
+        mine.rejected.update(_load(mine.kernels))
+        failures, rejected = _share(comm, mine, n, "share precompile results")
         # The others' binaries are in the shared Triton cache now: loading them here is cheap and keeps
         # the load out of the first slot (compiled here instead when caches are not shared).
-        rest = [i for i in range(n) if i not in self.mine and i not in failures and i not in state.failures
-                and i not in state.carried]
-        others = _compile(state, rest, self.args, self.kwargs, self.threads, self.timeout_s, pool, self.device)
+        rest = [i for i in range(n) if i not in self.mine and i not in failures and i not in rejected
+                and i not in state.failures and i not in state.carried]
+        more = _compile(state, rest, self.args, self.kwargs, self.threads, self.timeout_s, pool, self.device)
         # A config can fail here alone (a timeout on this rank, a binary this GPU cannot load):
-        # share that too, so every rank skips the same configs from the first slot on.
-        failures.update(comm.share_failures(others.failures, n, "share load results"))
-        places = {i: p for i, p in {**mine.places, **others.places}.items() if i not in failures}
+        # share that too, so every rank treats the same configs alike from the first slot on.
+        more_failures, more_rejected = _share(comm, more, n, "share load results")
+        failures.update(more_failures)
+        rejected.update({i: r for i, r in more_rejected.items() if i not in failures})
+        places = {i: p for i, p in {**mine.places, **more.places}.items()
+                  if i not in failures and i not in rejected and i not in mine.rejected}
         for i in self.stolen:  # compiled by this rank's workers ahead of finish(): the launch above was a hit
             if places.get(i) == CACHE:
                 places[i] = WORKER
-        compile_s = {i: t for i, t in {**others.compile_s, **mine.compile_s}.items()}
+        compile_s = {**more.compile_s, **mine.compile_s}
         by_workers = sorted(i for i in self.mine if places.get(i) == WORKER)
-        return Compiled(self.mine, time.perf_counter() - self.started, failures, by_workers,
-                        {} if pool is None else pool.status(), sorted(set(self.ran_meanwhile)), places, compile_s,
-                        {**mine.undescribed, **others.undescribed}, list(self.stolen), self.started,
-                        max(mine.ended, others.ended if rest else 0.0))
+        return Compiled(self.mine, time.perf_counter() - self.started, failures=failures, rejected=rejected,
+                        skipped={**mine.skipped, **more.skipped}, by_workers=by_workers,
+                        workers={} if pool is None else pool.status(),
+                        ran_meanwhile=sorted(set(self.ran_meanwhile)), places=places, compile_s=compile_s,
+                        undescribed={**mine.undescribed, **more.undescribed}, stolen=list(self.stolen),
+                        started=self.started, ended=max(mine.ended, more.ended if rest else 0.0))
+
+
+def _share(comm: Collectives, batch: Batch, n: int, what: str) -> tuple[dict[int, str], dict[int, str]]:
+    """Every rank's failures and rejections of `batch`, on every rank, in one gather: a rejection of config
+    i travels as index n + i. A config that one rank rejected and another failed counts as failed."""
+    both = comm.share_failures({**batch.failures, **{n + i: r for i, r in batch.rejected.items()}}, 2 * n, what)
+    failures = {i: r for i, r in both.items() if i < n}
+    return failures, {i - n: r for i, r in both.items() if i >= n and i - n not in failures}
 
 
 def start(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,

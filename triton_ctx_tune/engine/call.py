@@ -27,8 +27,8 @@ from ..runtime.compat import (
     launch_cached,
     prune_configs,
     restores,
-    tuning_key,
 )
+from ..runtime.libraries import launch_refused, refused, tuning_key
 from ..runtime.patch import original_run
 from .exactly_once import StateGuard, paused
 from .session import CallStats, Session
@@ -65,6 +65,8 @@ class Call:
             if len(at.configs) <= 1:
                 return original_run()(at, *args, **kwargs)
             if not kwargs.get("warmup"):  # Triton passes warmup=False on every normal launch
+                if refused(at):
+                    return launch_refused(at, args, kwargs)
                 key = tuning_key(at, args, kwargs)
                 config = at.cache.get(key)
                 if config is None and self.opts.bucketing is not None:

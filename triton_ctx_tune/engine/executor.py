@@ -32,8 +32,8 @@ from ..runtime.compat import (
     prune_configs,
     reset_before_final_launch,
     restores,
-    tuning_key,
 )
+from ..runtime.libraries import cache_winners, can_forget, launch_refused, refused, tuning_key
 from ..runtime.patch import original_run
 from ..runtime.timing import CudaGraphTimer
 from ..store.cache import Lookup, entry_id, identity
@@ -100,7 +100,9 @@ class Executor:
         if kwargs.get("warmup"):
             # Compile-only: Triton's own run would "benchmark" launches that do nothing.
             configs = [at.cache[key]] if key in at.cache else prune_configs(at, args, kwargs)
-            return compile_only(at, configs, args, kwargs)
+            return compile_only(at, configs, args, kwargs, strict=False)
+        if refused(at):
+            return launch_refused(at, args, kwargs)
         point = self.assignment.point
         state = self.search.kernel(point, at, key)
         if state is None:
@@ -221,7 +223,7 @@ class Executor:
     def _frozen(self, at: Autotuner, key: tuple, configs: list, lookup: Lookup | None) -> Any:
         """freeze: a key with no tuned result runs the winner of the nearest tuned key of its kernel, else
         the first config, and is never tuned. Rank 0 chooses (it alone reads the cache) for every rank."""
-        winners = {k: config_str(c) for k, c in list(at.cache.items()) if isinstance(k, tuple)}
+        winners = {k: config_str(c) for k, c in cache_winners(at) if isinstance(k, tuple)}
         if lookup is not None and self.services.cache is not None:
             for text, config in self.services.cache.neighbours(lookup.identity).items():
                 with contextlib.suppress(ValueError, SyntaxError):
@@ -294,6 +296,7 @@ class Executor:
         state.compiling = None
         for i, reason in sorted(done.failures.items()):
             state.fail(i, reason)
+        state.rejected.update(done.rejected)
         meanwhile = f" (the execution ran config {done.ran_meanwhile} meanwhile)" if done.ran_meanwhile else ""
         counts = done.counts()
         compile_s = sum(done.compile_s.values())
@@ -303,12 +306,17 @@ class Executor:
         self.stats.compiles.append({"counts": counts, "compile_s": compile_s, "started": done.started,
                                     "ended": done.ended, "pool": pool})
         par = "-" if parallelism is None else f"{parallelism:.1f}x"
+        rejected = (f", {len(done.rejected)} rejected (their launch compiles them again)" if done.rejected else "")
+        skipped = f", {len(done.skipped)} left to their launch" if done.skipped else ""
         self.services.log.write("precompile", f"precompile kernel={state.kernel} key={state.key!r} compiled "
                        f"{len(done.mine)}/{len(state.configs)} configs here in {done.seconds:.3f} s, "
-                       f"{len(done.failures)} failed{meanwhile}; {counts['workers']} by workers, {counts['here']} "
-                       f"in-process, {counts['cache']} from cache, {compile_s:.1f} s of compiles in {wall_s:.1f} s "
-                       f"(parallelism {par})", kernel=state.kernel, key=list(state.key),
-                       mine=done.mine, seconds=done.seconds, failures={str(i): r for i, r in done.failures.items()},
+                       f"{len(done.failures)} failed{rejected}{skipped}{meanwhile}; {counts['workers']} by workers, "
+                       f"{counts['here']} in-process, {counts['cache']} from cache, {compile_s:.1f} s of compiles in "
+                       f"{wall_s:.1f} s (parallelism {par})", kernel=state.kernel,
+                       key=list(state.key), mine=done.mine, seconds=done.seconds,
+                       failures={str(i): r for i, r in done.failures.items()},
+                       rejected={str(i): r for i, r in done.rejected.items()},
+                       skipped={str(i): r for i, r in done.skipped.items()},
                        by_workers=done.by_workers, workers=done.workers, ran_meanwhile=done.ran_meanwhile,
                        places={str(i): p for i, p in sorted(done.places.items())}, counts=counts,
                        compile_s=compile_s, wall_s=wall_s, parallelism=parallelism,
@@ -418,13 +426,23 @@ class Executor:
 
     def _try(self, state: KeyState, index: int, work: Callable[[], Any]) -> tuple[bool, Any]:
         try:
-            return True, work()
+            out = work()
         except Exception as e:
             reason = config_failure_reason(e)
             if reason is None:
                 raise
+            if index in state.rejected:
+                reason += " (precompile rejected it too)"
             state.fail(index, reason)
             return False, reason
+        if index in state.rejected and index not in state.disagreed:
+            state.disagreed.add(index)
+            self.services.log.write(
+                "precompile-disagreed", f"precompile-disagreed kernel={state.kernel} key={state.key!r} config "
+                f"#{index} compiled and ran at its launch, but precompile rejected it: "
+                f"{state.rejected[index][:200]}", kernel=state.kernel, key=list(state.key), config_index=index,
+                config=config_str(state.configs[index]), precompile_reason=state.rejected[index])
+        return True, out
 
     def _fallback(self, state: KeyState, record: SlotRecord, args: tuple, kwargs: dict[str, Any]) -> Any:
         """Keep the function running with a config known to work here; skip the launch if none is."""
@@ -449,7 +467,8 @@ class Executor:
         Autotuner key are overwritten here and put back by the decision (_commit_point).
         """
         states = self.search.of_point(a.point)
-        if any(restores(s.autotuner) or not (s.settled or s.end_to_end) for s in states):
+        if any(restores(s.autotuner) or not (s.settled or s.end_to_end) or not can_forget(s.autotuner)
+               for s in states):  # (a cache that cannot forget, e.g. a library's sqlite one, never holds a trial)
             return []
         chosen = [(s, a.config_for(s)) for s in states]
         if any(index in s.failures for s, index in chosen):

@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import CollectiveTimeoutError, CtxTuneError, NoValidPointError, RankMismatchError, ScheduleMismatchError
 from ..options import TuneOptions
 from ..runtime.collectives import Collectives
+from ..runtime.libraries import forget
 from ..tools.logs import RankLog, fmt_ms
 from . import schedule
 from .decisions import Decisions, TunedKey, plain_point
@@ -186,7 +187,7 @@ class Session:
             self.executor.lean = False
             for st in installed:  # an undecided key must never be left to Triton's cache
                 if st.winner is None:
-                    st.autotuner.cache.pop(st.key, None)
+                    forget(st.autotuner, st.key)
                 else:
                     st.autotuner.cache[st.key] = st.configs[st.winner]
         self._host_s = (time.perf_counter() - began) / runs

@@ -266,6 +266,9 @@ class KeyState(Tunable):
     incremental: Plan | None = None  # only the config list changed since its cache entry: what is re-timed
     overlapped: bool = False  # a timed launch ran while another stream of the function was busy (streams.py)
     scale: float | None = None  # incremental: the anchors' new/old time ratio at the last decision
+    # Configs precompile could not build on some rank (agreed), and why: their launch decides (executor._try).
+    rejected: dict[int, str] = field(default_factory=dict)
+    disagreed: set[int] = field(default_factory=set)  # of those, the ones whose launch worked here
 
     def describe(self) -> str:
         """What ranks must agree on before tuning: kernel, key and the pruned configs in order."""

@@ -33,6 +33,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 __all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "interpret_mode", "tuning_key",
            "prune_configs", "RUN_LEAVES", "note_run", "launch_config", "launch_cached", "compile_only",
+           "SignatureUnknown", "hooked_launch_args",
            "prime_compiler_hash", "prime_interpreter", "load_binary", "reset_before_final_launch",
            "config_failure_reason", "kernel_name", "JitInfo", "jit_info", "jit_function",
            "inner_heuristics", "constexpr_value", "aggregate_members", "is_triton_builtin",
@@ -183,12 +184,96 @@ def launch_cached(at: Autotuner, config: Config, args: Sequence[Any], kwargs: di
 _LAUNCH_KWARGS: dict[int, tuple[Config, dict[str, Any]]] = {}
 
 
-def compile_only(at: Autotuner, configs: Sequence[Config], args: Sequence[Any], kwargs: dict[str, Any]) -> list:
-    """A warmup=True launch: compile each config without running it, as Autotuner.warmup does."""
+class SignatureUnknown(Exception):
+    """A config's pre_hook could not run on copies of the arguments: what its launch compiles is unknown."""
+
+
+def _hook_copy(value: Any) -> Any:
+    """What a config pre_hook gets in place of an argument when precompiling: something it may change.
+
+    A tensor becomes a meta tensor of its shape, strides and dtype (a hook that zeroes or fills one
+    writes nothing); any other object a shallow copy whose list and dict attributes are copied too
+    (a hook that sets a TensorDescriptor's block_shape sets the copy's). Numbers and strings stay.
+    """
+    import copy
+
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device="meta")
+    if value is None or isinstance(value, (bool, int, float, str, bytes, torch.dtype)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_hook_copy(v) for v in value) if type(value) in (list, tuple) else copy.copy(value)
+    if isinstance(value, dict):
+        return {k: _hook_copy(v) for k, v in value.items()}
+    duplicate = copy.copy(value)
+    attrs = getattr(duplicate, "__dict__", None)
+    if isinstance(attrs, dict):
+        for name, attr in list(attrs.items()):
+            if isinstance(attr, (list, dict)):
+                attrs[name] = copy.copy(attr)
+    return duplicate
+
+
+def _plain_argument(value: Any) -> bool:
+    import torch
+
+    return value is None or isinstance(value, (bool, int, float, str, bytes, torch.Tensor, torch.dtype,
+                                               triton.language.dtype))
+
+
+def hooked_launch_args(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any]
+                       ) -> tuple[tuple, dict[str, Any]]:
+    """The arguments a launch of `config` compiles for: after its pre_hook, which runs on copies here.
+
+    Triton's Autotuner.run (3.4 to 3.9) runs config.pre_hook(nargs) right before the launch, and a
+    hook may change what the kernel is specialized on: the persistent-matmul pattern sets each host
+    TensorDescriptor's block_shape from the config's BLOCK_* values, and the block shape is part of
+    the signature. Compiling without the hook builds a different kernel (or none). Tensors are kept
+    as they are for the compile (their data pointers decide alignment); every other argument is taken
+    from the hook's copy. Raises SignatureUnknown when the hook fails on the copies (it reads data,
+    calls into a library): then only the launch knows, and the caller must not guess.
+    """
+    import torch
+
+    named = {**_named_args(at, args), **kwargs}
+    if config.pre_hook is None or all(_plain_argument(v) for k, v in named.items() if k in at.arg_names):
+        # Tensors, numbers and strings: a hook can change their contents or its dict, never the signature; so
+        # it does not run here at all (a hook that counts its calls, or spends time, sees only the launches).
+        return tuple(args), kwargs
+    copies = {k: _hook_copy(v) for k, v in named.items()}
+    try:
+        config.pre_hook({**copies, **config.all_kwargs()})
+    except Exception as e:  # noqa: BLE001 (whatever the hook raises, the signature is unknown)
+        raise SignatureUnknown(f"its pre_hook raised {type(e).__name__}: {e}") from e
+
+    # The objects the hook was given, as it left them: what it put in the dict in their place never reaches
+    # Triton's launch either (Autotuner.run passes args, not the dict).
+    def after(name: str, value: Any) -> Any:
+        return value if isinstance(value, torch.Tensor) or name not in copies else copies[name]
+
+    hooked_args = tuple(after(name, v) for name, v in zip(at.arg_names, args)) + tuple(args[len(at.arg_names):])
+    return hooked_args, {k: after(k, v) for k, v in kwargs.items()}
+
+
+def compile_only(at: Autotuner, configs: Sequence[Config], args: Sequence[Any], kwargs: dict[str, Any],
+                 strict: bool = True) -> list:
+    """A warmup=True launch: compile each config without running it, as its launch would compile it
+    (config pre_hooks applied to copies: hooked_launch_args). `strict`: raise SignatureUnknown where a
+    hook cannot run on copies; otherwise compile such a config as Triton's Autotuner.warmup does, unhooked."""
     kw = {k: v for k, v in kwargs.items() if k != "warmup"}
+    out = []
     for c in configs:
         _check_conflicts(c, kw)
-    return [at.fn.run(*args, warmup=True, **kw, **c.all_kwargs()) for c in configs]
+        try:
+            a, k = hooked_launch_args(at, c, args, kw)
+        except SignatureUnknown:
+            if strict:
+                raise
+            a, k = tuple(args), kw
+        out.append(at.fn.run(*a, warmup=True, **k, **c.all_kwargs()))
+    return out
 
 
 def prime_compiler_hash() -> bool:
@@ -262,11 +347,36 @@ def _is_interpreted_static_assert(exc: BaseException) -> bool:
     return bool(frames) and frames[-1].name == "_new_static_assert"
 
 
+def _compile_error_cause(exc: CompilationError) -> str | None:
+    """What a CompilationError says went wrong: its error_message, or the innermost one it was raised from
+    (a failure inside a called @triton.jit function is re-raised at each call site with no message)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    found: str | None = None
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        message = getattr(cause, "error_message", None) if isinstance(cause, CompilationError) else (
+            f"{type(cause).__name__}: {cause}" if str(cause) else None)
+        if message:
+            found = " ".join(str(message).split())
+        cause = cause.__cause__ or cause.__context__
+    return found
+
+
 def config_failure_reason(exc: BaseException) -> str | None:
-    """A one-line reason if `exc` means "this config cannot run", else None (a real error)."""
+    """The reason if `exc` means "this config cannot run", else None (a real error).
+
+    One line, what went wrong first: a CompilationError's text is the source excerpt and then the
+    message, so a reason cut anywhere used to keep the excerpt and lose the message. The whole text
+    follows: the logs keep it all, and messages cut the end (errors.distinct_reasons)."""
     if isinstance(exc, _FAILURES) or _is_interpreted_static_assert(exc):
         text = " ".join(str(exc).split())
-        return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+        cause = _compile_error_cause(exc) if isinstance(exc, CompilationError) else None
+        if cause and cause not in text:
+            text = f"{cause} | {text}"
+        elif cause:
+            text = f"{cause} | {text.replace(cause, '').strip()}"
+        return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return None
 
 

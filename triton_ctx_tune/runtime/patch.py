@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import resolver
+from . import libraries, resolver
 from .compat import Autotuner
 from .shared_patch import SharedPatch
 
@@ -41,7 +41,62 @@ def _dispatching_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
     return original_run()(self, *args, **kwargs)
 
 
-_patch = SharedPatch(Autotuner, "run", _dispatching_run)
+def _subclass_dispatcher(cls: type) -> Callable[..., Any]:
+    """The dispatcher for a subclass that overrides run: its launches inside a tuning call go to the call,
+    which tunes it (a subclass that keeps Triton's meaning) or refuses it (libraries.py); outside, its own run."""
+    def run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
+        call = resolver.current()
+        if call is not None:
+            return call.launch(self, args, kwargs)
+        return _covered[cls][0].original(self, *args, **kwargs)
+    return run
+
+
+def _launcher_dispatcher(cls: type) -> Callable[..., Any]:
+    """For a launcher that caches compiled kernels above its autotuner: inside a tuning call every launch goes
+    down to the autotuner (whose config the call decides), and nothing is cached."""
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if resolver.current() is not None:
+            return self.fn.run(*args, **kwargs)
+        return _covered[cls][0].original(self, *args, **kwargs)
+    return run
+
+
+# The classes whose run the patch replaces besides Autotuner's (libraries.py says which and why): the
+# subclass's patch and its undo, held while Autotuner.run is patched.
+_covered: dict[type, tuple[SharedPatch, Callable[[], None]]] = {}
+_seen_subclasses = -1  # how many direct subclasses Autotuner had at the last cover(): a cheap change test
+
+
+def cover() -> None:
+    """Patch the run of every Autotuner subclass that defines its own and of every known caching launcher
+    defined since the last cover (a library imported later is covered at the next tuning call)."""
+    global _seen_subclasses
+    if not _patch.installed():
+        return
+    _seen_subclasses = len(Autotuner.__subclasses__())
+    found = [(cls, _subclass_dispatcher(cls)) for cls in libraries.overriding_subclasses()]
+    found += [(cls, _launcher_dispatcher(cls)) for cls, _ in libraries.caching_launchers()]
+    for cls, dispatcher in found:
+        if cls not in _covered:
+            patch = SharedPatch(cls, "run", dispatcher)
+            _covered[cls] = (patch, patch.install())
+
+
+def cover_changed() -> bool:
+    """Whether Autotuner has gained a direct subclass since the last cover() (checked on every tuned call)."""
+    return len(Autotuner.__subclasses__()) != _seen_subclasses
+
+
+def _uncover() -> None:
+    global _seen_subclasses
+    while _covered:
+        _, (_, undo) = _covered.popitem()
+        undo()
+    _seen_subclasses = -1
+
+
+_patch = SharedPatch(Autotuner, "run", _dispatching_run, on_release=_uncover)
 
 
 def installs() -> int:
@@ -54,8 +109,11 @@ def is_installed() -> bool:
 
 
 def install() -> Callable[[], None]:
-    """Patch Autotuner.run (or count one more user of the patch); returns the undo, idempotent."""
-    return _patch.install()
+    """Patch Autotuner.run (or count one more user of the patch) and the subclasses that override it;
+    returns the undo, idempotent."""
+    undo = _patch.install()
+    cover()
+    return undo
 
 
 def make_resident() -> None:
@@ -63,6 +121,7 @@ def make_resident() -> None:
     global _resident_undo, resident
     with _lock:
         if resident:
+            cover()
             return
     undo = install()
     with _lock:

@@ -32,7 +32,8 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from ..errors import InvalidOptionError, UnattributedLaunchWarning
-from .compat import kernel_name, tuning_key
+from .compat import kernel_name
+from .libraries import tuning_key
 
 T = TypeVar("T")
 

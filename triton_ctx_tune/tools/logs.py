@@ -42,17 +42,21 @@ EVENTS: dict[str, EventSpec] = dict([
     _spec("call", "a tuning call starts (RankLog.header)", "function", "world", "device", "timer", "triton", "torch",
           "triton_ctx_tune", "host", "pid"),
     _spec("end", "a tuning call ends, or is stopped by an error", "function", "executions", "wall_s", "error"),
+    # failures: excluded on every rank (timeouts, crashed workers); rejected: compile errors, which the launch
+    # path retries with the real arguments; skipped: configs whose signature only their launch knows.
     # places: config index -> "workers" (a compile worker), "here" (this process), "cache" (Triton's cache had
     # it); counts: configs per place; compile_s: the sum of their own compile times; wall_s: from the key's
     # first launch to its last config's end; parallelism: compile_s / wall_s; undescribed: configs no worker
     # could take, and why; stolen: other local ranks' configs this rank's workers compiled ahead.
     _spec("precompile", "a key's configs compiled in the background", "kernel", "key", "mine", "seconds", "failures",
-          "by_workers", "workers", "ran_meanwhile", "places", "counts", "compile_s", "wall_s", "parallelism",
-          "undescribed", "stolen"),
+          "rejected", "skipped", "by_workers", "workers", "ran_meanwhile", "places", "counts", "compile_s", "wall_s",
+          "parallelism", "undescribed", "stolen"),
     _spec("compile", "a call's compiles over all its keys: configs per place, the sum of their compile times, the "
           "wall time and their ratio; first_slot_s: from the first launch of a key tuned to the first timed slot",
           "function", "keys", "configs", "workers", "here", "cache", "pool", "compile_s", "wall_s", "parallelism",
           "first_slot_s"),
+    _spec("precompile-disagreed", "a config precompile rejected whose launch compiled and ran: precompile built "
+          "another signature than the launch", "kernel", "key", "config_index", "config", "precompile_reason"),
     _spec("quarantine", "a key skips configs that killed an earlier process", "kernel", "key", "configs"),
     _spec("quarantine-recovered", "a slot an earlier process died in, found now", "id", "config", "reason"),
     _spec("slot", "one launch of a key in a tuning step", "step", "kernel", "key", "config_index", "iteration", "timed",

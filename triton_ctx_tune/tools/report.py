@@ -182,6 +182,8 @@ class Report:
     online: dict[str, OnlineReport] = field(default_factory=dict)
     frozen: dict[tuple[str, str], FreezeMiss] = field(default_factory=dict)
     ahead: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)  # function -> size -> tune-ahead row
+    # kernel -> configs that precompile rejected and their launch ran: a class of signature mismatch to look into
+    disagreed: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _finite(x: Any) -> float | None:
@@ -284,6 +286,7 @@ class _Story:
     frozen: dict[tuple[str, str], FreezeMiss] = field(default_factory=dict)
     ahead: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
     precompiles: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # until the key's decision
+    disagreed: dict[str, list[str]] = field(default_factory=dict)
 
     def precompile(self, e: dict[str, Any]) -> None:
         self.precompiles[(e["kernel"], repr(tuple(e["key"])))] = e
@@ -291,6 +294,10 @@ class _Story:
     def compile(self, e: dict[str, Any]) -> None:
         c = self.calls.setdefault(e.get("function") or "?", CallReport(e.get("function") or "?"))
         c.compile = e
+
+    def precompile_disagreed(self, e: dict[str, Any]) -> None:
+        self.disagreed.setdefault(e["kernel"], []).append(f"key={tuple(e['key'])!r} {{{e['config']}}}: "
+                                                          f"{str(e['precompile_reason'])[:160]}")
 
     def freeze_miss(self, e: dict[str, Any]) -> None:
         ident = (e["kernel"], repr(tuple(e["key"])))
@@ -377,6 +384,7 @@ _READERS: dict[str, Callable[[_Story, dict[str, Any]], None]] = {
     "incremental": _Story.incremental,
     "precompile": _Story.precompile,
     "compile": _Story.compile,
+    "precompile-disagreed": _Story.precompile_disagreed,
 }
 IGNORED: dict[str, str] = {
     "quarantine": "skipped configs; they fail in the key's decision with the quarantine's reason",
@@ -445,7 +453,8 @@ def build(log_dir: Path) -> Report:
                                                     "no reason)"}
             else:
                 r.failures[j] = {f"ranks {failed}": "no time (its rank's log has no reason)"}
-    return Report(log_dir, ranks, calls, keys, problems, functions, story.online, story.frozen, story.ahead)
+    return Report(log_dir, ranks, calls, keys, problems, functions, story.online, story.frozen, story.ahead,
+                  story.disagreed)
 
 
 def _find_screening_ranks(r: KeyReport) -> None:
@@ -706,6 +715,13 @@ def format_report(report: Report) -> str:
         out.append("No key was tuned or read from the cache in these logs.")
     for r in report.keys.values():
         out.extend(format_key(r))
+        out.append("")
+    if report.disagreed:
+        out.append("precompile disagreed with the launch (precompile rejected these configs; their launch compiled "
+                   "and ran them, so they were tuned):")
+        for kernel, rows in report.disagreed.items():
+            out.append(f"  {kernel}: {len(rows)} config(s)")
+            out.extend(f"    {row}" for row in rows)
         out.append("")
     for p in report.problems:
         out.append(f"note: {p}")
