@@ -65,7 +65,8 @@ def _run(scenarios: tuple[str, ...], cache: str, **extra: str) -> dict[str, dict
 def healthy(tmp_path_factory) -> dict[str, dict[str, Any]]:
     # LOCAL_RANK 1 of 2: the split scenario's precompile compiles configs 1 and 3 of 4 first.
     marker = tmp_path_factory.mktemp("preload") / "pids"
-    rows = _run(("reuse", "split", "fallback", "cuda_import"), str(tmp_path_factory.mktemp("triton-cache")),
+    rows = _run(("reuse", "split", "fallback", "cuda_import", "descriptor"),
+                str(tmp_path_factory.mktemp("triton-cache")),
                 LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", PRELOAD_MARKER=str(marker))
     return {**rows, "preloaded": {"pids": sorted(int(p) for p in marker.read_text().split())}}
 
@@ -124,10 +125,22 @@ def test_a_kernel_module_that_touches_cuda_at_import_does_not_break_the_workers(
     assert result["counts"] == {"workers": 3, "here": 0, "cache": 0} and result["compiled_here"] == 0
 
 
+def test_a_host_tensor_descriptor_set_by_a_config_pre_hook_is_compiled_by_workers(healthy):
+    """The persistent-matmul pattern: each config's pre_hook sets the descriptor's block_shape, part of the
+    signature. The worker gets the signature of the hooked launch, and the parent's own launch of each
+    config afterwards compiles nothing new."""
+    row = healthy["descriptor"]
+    result = row["result"]
+    assert result["by_workers"] == [0, 1, 2] and result["failures"] == {} and result["rejected"] == {}
+    assert result["counts"] == {"workers": 3, "here": 0, "cache": 0} and result["compiled_here"] == 0
+    assert result["new_cubins"] == 3 and row["parent_new_cubins"] == 0
+
+
 def test_the_compile_counts_add_up_to_the_configs(healthy):
     """workers + in-process + Triton's cache == the configs compiled (the failed and rejected ones are in none)."""
     rows = [healthy["reuse"][k] for k in ("first", "second", "outer")] + [healthy["split"]["result"]]
     rows += [healthy["fallback"][k] for k in ("main", "local", "threads_only")] + [healthy["cuda_import"]["result"]]
+    rows += [healthy["descriptor"]["result"]]
     for r in rows:
         assert sum(r["counts"].values()) + len(r["failures"]) + len(r["rejected"]) == r["configs"], r
     # A warm repeat finds every binary in Triton's cache (the split scenario's 4 configs, compiled by then).

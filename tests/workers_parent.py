@@ -88,9 +88,8 @@ triton.knobs.compilation.listener = _listen
 
 
 def tune(at: Any, n: int, comm: Collectives | None = None, timeout_s: float = math.inf, workers: int = 2,
-         **kwargs: Any) -> dict[str, Any]:
-    x = torch.zeros(n)
-    args = (x, n)
+         args: tuple | None = None, **kwargs: Any) -> dict[str, Any]:
+    args = (torch.zeros(n), n) if args is None else args
     kwargs = {"grid": (1,), "warmup": False, **kwargs}
     state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs), n_warmup=1,
                      n_repeat=1, kernel=compat.kernel_name(at))
@@ -111,6 +110,14 @@ def parent_hits(at: Any, n: int, blocks: list[int], **kwargs: Any) -> int:
     for c in at.configs:
         if c.kwargs["BLOCK"] in blocks:
             compat.compile_only(at, [c], (x, n), {"grid": (1,), **kwargs})
+    return cubins() - before
+
+
+def parent_hits_desc(PK: Any, config: Any) -> int:
+    """New cubins when this process compiles a descriptor config itself (hooked as its launch would be)."""
+    before = cubins()
+    x, y = torch.zeros(256), torch.zeros(256)
+    compat.compile_only(PK.desc_double, [config], (PK.descriptor(x), y, 256), {"grid": (1,)})
     return cubins() - before
 
 
@@ -177,6 +184,13 @@ def scenario(name: str) -> dict[str, Any]:
     if name == "fallback":
         return {"pids": pids, "main": tune(main_add_one_, 64), "local": tune(_local_kernel(), 64),
                 "threads_only": tune(K.single_config_add_one_, 64, workers=0)}
+    if name == "descriptor":
+        # A host TensorDescriptor whose block_shape each config's pre_hook sets: the hooked copy's signature is
+        # what travels to the worker (compat.hooked_launch_args, then Triton's own specialization of it).
+        from tests import prehook_kernels as PK
+        x, y = torch.zeros(256), torch.zeros(256)
+        return {"pids": pids, "result": tune(PK.desc_double, 256, args=(PK.descriptor(x), y, 256)),
+                "parent_new_cubins": sum(parent_hits_desc(PK, c) for c in PK.desc_double.configs)}
     if name == "cuda_import":
         # A kernel library that asks the GPU for its name at import (as FLA does): it raises in any process but
         # this one, so a worker that imported it could not compile. The workers get the kernel as source.
