@@ -793,6 +793,20 @@ class Described:
     reason: str | None = None  # why no worker can compile it (spec None, not cached)
 
 
+# A kernel's shipped functions, walked once (JIT functions live as long as their module: id() stays theirs).
+_SHIPPERS: dict[int, tuple[Any, _Shipper]] = {}
+_SHIPPERS_LOCK = threading.Lock()
+
+
+def _compile_env() -> dict[str, str]:
+    """The environment a worker must share: TRITON_*, and every variable Triton's cache key reads."""
+    from triton.compiler.compiler import get_cache_invalidating_env_vars
+
+    env = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
+    env.update({k: os.environ[k] for k in get_cache_invalidating_env_vars() if k in os.environ})
+    return env
+
+
 def describe_compile(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any]) -> Described:
     """compile_only(at, [config], args, kwargs) as a LaunchSpec for a compile worker, or why not: the binary is
     cached already (in memory or on disk), or no other process can compile it (the reason)."""
@@ -805,13 +819,18 @@ def describe_compile(at: Autotuner, config: Config, args: Sequence[Any], kwargs:
             return Described(None, True)
         if getattr(triton.knobs.runtime, "add_stages_inspection_hook", None) is not None:
             raise _NotDescribable("a stages-inspection hook is set (knobs.runtime.add_stages_inspection_hook)")
-        shipper = _Shipper()
-        shipper.function(src.fn)
-        constexprs = {path: shipper.value(v) for path, v in src.constants.items()}
-        functions = tuple(f for f in shipper.functions if f is not None)
+        with _SHIPPERS_LOCK:  # one walk of the kernel's functions for all its configs
+            held = _SHIPPERS.get(id(src.fn))
+            if held is None or held[0] is not src.fn:
+                shipper = _Shipper()
+                shipper.function(src.fn)
+                _SHIPPERS[id(src.fn)] = (src.fn, shipper)
+            else:
+                shipper = held[1]
+            constexprs = {path: shipper.value(v) for path, v in src.constants.items()}
+            functions = tuple(f for f in shipper.functions if f is not None)
         spec = LaunchSpec(kernel_name(at), functions, dict(src.signature), constexprs, dict(src.attrs), options,
-                          target, src.hash(), {k: v for k, v in os.environ.items() if k.startswith("TRITON_")},
-                          triton_cache_dir())
+                          target, src.hash(), _compile_env(), triton_cache_dir())
         pickle.dumps(spec)  # everything in it travels, or the reason is known here
         return Described(spec, False)
     except _NotDescribable as e:
@@ -863,7 +882,10 @@ def use_compile_only_driver(target: Any) -> None:
 
 
 def _sync_environment(spec: LaunchSpec) -> None:
-    for k in [k for k in os.environ if k.startswith("TRITON_") and k not in spec.env]:
+    from triton.compiler.compiler import get_cache_invalidating_env_vars
+
+    keyed = set(get_cache_invalidating_env_vars())
+    for k in [k for k in os.environ if (k.startswith("TRITON_") or k in keyed) and k not in spec.env]:
         del os.environ[k]
     os.environ.update(spec.env)
     try:
