@@ -147,6 +147,17 @@ def test_the_compile_counts_add_up_to_the_configs(healthy):
     assert healthy["split"]["result"]["counts"]["workers"] >= 2
 
 
+def test_a_rank_whose_share_is_done_compiles_the_other_local_ranks_configs_before_the_step_ends(tmp_path):
+    """The node's cores, not the rank's: local rank 1 of 2 compiles configs 1 and 3, then, while the execution
+    would go on, its workers take the other rank's 2 and 0 (warming the shared cache); finish() then finds them
+    there. No collective depends on it: finish() gathers the same shares as before."""
+    row = _run(("steal",), str(tmp_path / "cache"), LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")["steal"]
+    assert row["mine"] == [1, 3] and row["by_workers"] == [1, 3] and row["stolen"] == [0, 2]
+    assert row["cubins_before_finish"] == 4 and row["new_cubins"] == 4 and row["compiled_here"] == 0
+    assert row["places"] == {"0": "workers", "1": "workers", "2": "workers", "3": "workers"}
+    assert row["counts"] == {"workers": 4, "here": 0, "cache": 0}
+
+
 @pytest.fixture(scope="module")
 def broken(tmp_path_factory) -> dict[str, dict[str, Any]]:
     if not HAS_CONSTEXPR_FUNCTION:

@@ -184,6 +184,26 @@ def scenario(name: str) -> dict[str, Any]:
     if name == "fallback":
         return {"pids": pids, "main": tune(main_add_one_, 64), "local": tune(_local_kernel(), 64),
                 "threads_only": tune(K.single_config_add_one_, 64, workers=0)}
+    if name == "steal":
+        # Local rank 1 of 2, its share (configs 1, 3) done before the step's end: its workers go on with the
+        # other rank's configs (last first: 2, then 0) instead of idling until finish().
+        at = K.early_pruned_add_one_
+        x = torch.zeros(64)
+        args, kwargs = (x, 64), {"grid": (1,), "warmup": False}
+        state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs), n_warmup=1,
+                         n_repeat=1, kernel=compat.kernel_name(at))
+        comm = LocalRanks()
+        before, misses = cubins(), len(MISSES)
+        compiling = P.start(state, args, kwargs, comm, threads=2, workers=2)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not compiling.done or compiling._thread.is_alive()):
+            time.sleep(0.05)  # the execution would go on meanwhile; the step's end is later
+        stolen_before_finish = cubins() - before
+        done = compiling.finish(comm)
+        return {"pids": pids, "mine": done.mine, "stolen": done.stolen, "counts": done.counts(),
+                "by_workers": done.by_workers, "places": {str(i): p for i, p in sorted(done.places.items())},
+                "cubins_before_finish": stolen_before_finish, "new_cubins": cubins() - before,
+                "compiled_here": len(MISSES) - misses, "configs": len(state.configs)}
     if name == "descriptor":
         # A host TensorDescriptor whose block_shape each config's pre_hook sets: the hooked copy's signature is
         # what travels to the worker (compat.hooked_launch_args, then Triton's own specialization of it).
