@@ -257,15 +257,20 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
                 if described.cached:
                     out.places[i] = CACHE
                 elif described.spec is not None:
-                    taken, failure = by_worker(i, described.spec)
+                    _, failure = by_worker(i, described.spec)
                     if failure is not None:
                         return None, failure
-                    if taken:  # compiled here while no worker was ready: the launch below is a hit
-                        pass
                 elif described.reason is not None:
                     out.undescribed[i] = described.reason
+            # The waited-for config compiling here holds HERE_SLOT if it is free: no other config joins it under
+            # the GIL while the execution waits for it.
+            slot = i == first and i not in out.places and HERE_SLOT.try_take()
             began = time.perf_counter()
-            kernel = compile_only(state.autotuner, [state.configs[i]], args, kwargs)[0]
+            try:
+                kernel = compile_only(state.autotuner, [state.configs[i]], args, kwargs)[0]
+            finally:
+                if slot:
+                    HERE_SLOT.give_back()
             if i not in out.places:  # compiled by that launch, on this thread
                 out.places[i] = HERE
                 out.compile_s[i] = time.perf_counter() - began
