@@ -158,6 +158,20 @@ def test_a_rank_whose_share_is_done_compiles_the_other_local_ranks_configs_befor
     assert row["counts"] == {"workers": 4, "here": 0, "cache": 0}
 
 
+def test_at_a_cold_start_configs_wait_for_the_workers_instead_of_all_compiling_here(tmp_path):
+    """Issue 37: a function decorated just before its call, the zygote still importing torch at the first key.
+    Before, every config whose thread found no worker ready compiled on that thread, GIL-bound, long after the
+    workers were ready (the first FLA key: 24 of 24 in the rank's process, 19 s). Now one config at a time
+    compiles here while none is ready, and the workers take the rest once they are."""
+    row = _run(("cold",), str(tmp_path / "cache"))["cold"]
+    assert row["zygote_at_start"] == "booting" and row["first"] == 0
+    assert row["failures"] == {} and row["rejected"] == {}
+    counts = row["counts"]
+    assert sum(counts.values()) == row["configs"] == 48 and counts["cache"] == 0
+    assert counts["workers"] >= 1 and counts["workers"] == len(row["by_workers"])  # 24 of 48 on an idle 2-core VM
+    assert row["seconds"] < 120
+
+
 @pytest.fixture(scope="module")
 def broken(tmp_path_factory) -> dict[str, dict[str, Any]]:
     if not HAS_CONSTEXPR_FUNCTION:

@@ -48,6 +48,14 @@ def main_add_one_(x_ptr, n, BLOCK: tl.constexpr):  # in __main__: a fresh proces
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
 
 
+@triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=w, num_stages=st) for b in (16, 32, 64, 128)
+                          for w in (1, 2, 4, 8) for st in (1, 2, 3)], key=["n"])
+@triton.jit
+def many_configs_add_one_(x_ptr, n, BLOCK: tl.constexpr):  # 48 configs: longer than the zygote's start
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 5, mask=offs < n)
+
+
 def _local_kernel() -> Any:
     @triton.autotune(configs=block_configs([16, 32]), key=["n"])
     @triton.jit
@@ -151,9 +159,35 @@ def default_path() -> dict[str, Any]:
             "parents": sorted({ppid(p) for p in pool.pids()})}
 
 
+def cold_start() -> dict[str, Any]:
+    """A function decorated just before its first call: the zygote still imports torch when the first key's
+    configs start. The execution waits for one config, compiled in this process at once; the others wait for
+    the workers (at most one more at a time here) instead of all compiling here, GIL-bound (issue 37)."""
+    from triton_ctx_tune.compile import compile_workers as CW
+
+    CW.get_zygote()  # as decorating does; not waited for
+    at = many_configs_add_one_
+    x = torch.zeros(100)
+    args, kwargs = (x, 100), {"grid": (1,), "warmup": False}
+    state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs), n_warmup=1,
+                     n_repeat=1, kernel=compat.kernel_name(at))
+    zygote_at_start = CW.zygote_state()
+    began = time.monotonic()
+    compiling = P.start(state, args, kwargs, Collectives(False), threads=2, workers=2)
+    first = compiling.first_ready()
+    first_s = time.monotonic() - began
+    done = compiling.finish(Collectives(False))
+    return {"zygote_at_start": zygote_at_start, "first": first, "first_s": first_s,
+            "seconds": time.monotonic() - began, "counts": done.counts(), "by_workers": done.by_workers,
+            "failures": done.failures, "rejected": done.rejected, "configs": len(state.configs),
+            "pids": get_pool(2).pids(), "zygote": get_pool(2).zygote.pid}
+
+
 def scenario(name: str) -> dict[str, Any]:
     if name == "default":
         return default_path()
+    if name == "cold":
+        return cold_start()
     # As a training script would during its set-up; later scenarios find the same pool.
     start_compile_workers(2, preload=("tests.preload_marker",))
     pool = get_pool(2)

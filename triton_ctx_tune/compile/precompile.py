@@ -222,6 +222,8 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
         while pool.usable(spec):
             if stop is not None and stop.is_set():
                 return True, "not compiled: stopped"
+            if _EXITING.is_set():
+                return True, EXIT_REASON
             # The config an execution waits for takes an idle worker now, or compiles here at once.
             acquired = pool.acquire(0.0 if i == first and not pool.forking() else POLL_S)
             if acquired is None and i == first:
