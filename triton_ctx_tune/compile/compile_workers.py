@@ -7,10 +7,14 @@ importing torch, and W ranks x N workers importing at once competed with the ran
 zygote, when a tuned function is decorated, long before its first call: it imports torch, triton
 and this package once, primes Triton's compiler hash, and then forks a worker in milliseconds
 whenever the pool asks for one (a fork server, as multiprocessing's 'forkserver' with preloaded
-modules, but without re-running the parent's main script). The zygote initialises no GPU itself
-(a kernel library it imports for the workers may: FLA asks for the device's name at import). A
-worker compiles a config described by compat.describe_compile for the parent's GPU target; the
-binary lands in Triton's disk cache, where the parent's own compile-only launch then finds it.
+modules, but without re-running the parent's main script). The zygote initialises no GPU and
+imports nothing of the user's library: a worker gets each config as compat.describe_compile
+describes it (the kernel's source, its JIT dependencies and globals, and the signature, constexprs,
+attributes, options and target that Triton's own compile-only launch would pass to compile()), and
+compiles it for the parent's GPU target (compat.compile_described) under the parent's cache key; the
+binary lands in Triton's disk cache, where the parent's own compile-only launch then finds it. So a
+kernel defined in __main__ or inside a function, and a library that touches CUDA at import (FLA asks
+for the device's name), compile here too.
 
 Each worker leads its own process group, so a compile that runs past its limit is killed with the
 ptxas it started. The zygote reaps its workers and reports how each ended (the crash message names

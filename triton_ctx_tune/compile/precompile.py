@@ -5,9 +5,14 @@ is over 90% of tuning time, and compile stalls between timed slots let the GPU c
 Here all configs are compiled at once, so binaries land in Triton's cache and the slots'
 launches hit it. Triton's front end holds the GIL, so the compiling is done by this rank's
 compile worker processes (compile_workers.py), one config each at a time; a thread per worker
-hands it the config and then runs Triton's own compile-only path (`run(warmup=True)`) here, a
-cache hit by then. Threads compile themselves where no worker can: none has started yet, the
-kernel cannot be imported in a fresh process, compile_workers=0, or the interpreter. Ranks on
+describes the config (compat.describe_compile: the kernel's source and what Triton's compile()
+takes), hands it over and then runs Triton's own compile-only path (`run(warmup=True)`) here, a
+disk-cache hit by then. A config waits for a worker while any is ready or starting; this process
+compiles one itself only where no worker can: while none is ready yet (one config at a time,
+HERE_SLOT; and the config an execution waits for, at once), a config it cannot describe,
+compile_workers=0, or the interpreter. Each config's place (workers, here, cache) and compile time
+go to the precompile event. A rank whose share is done goes on, until the step's end, with the
+other local ranks' configs (stolen: they only warm the shared cache). Ranks on
 one node split the configs (config i goes to local rank i % local_world) and meet in one bounded
 all-gather, after which each loads the others' binaries from the shared Triton cache; a second
 all-gather shares what failed in that load.
