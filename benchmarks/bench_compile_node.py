@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -46,15 +47,21 @@ def _env(extra: dict[str, str], nproc: int) -> dict[str, str]:
 
 
 def _run(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float) -> tuple[int, float, str]:
+    """Run a job in its own process group (a job past its time is killed with its ranks); its output in `log`."""
     began = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
-        text, code = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        text = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = 124
+    text = log.read_text(errors="replace")
+    if code == 124:
         text += "\n[bench_compile_node] timed out\n"
-        code = 124
-    log.write_text(text)
+        log.write_text(text)
     return code, time.perf_counter() - began, text
 
 
