@@ -22,6 +22,8 @@ setup(
         "test": ["pytest>=7", "mypy==2.4.1", "ruff==0.17.6"],
         "plot": ["matplotlib"],
         "clients": ["fla-core==0.6.0", "cut-cross-entropy==25.1.1"],
+        # The conformance zoo's libraries (benchmarks/zoo, docs/zoo.md); FLA and CCE come from `clients`.
+        "zoo": ["flag-gems==5.0.2", "gemlite==0.6.0.post2", "torchao==0.18.0"],
     },
     entry_points={"console_scripts": ["triton-ctx-tune=triton_ctx_tune.tools.cli:main"]},
 )

@@ -438,7 +438,7 @@ def test_no_valid_config_raises_one_clear_error():
     for block in (16, 32, 64, 128):
         assert f"BLOCK={block}," in msg
     # One line per distinct reason, with how many configs (and ranks) gave it: here all four, one reason.
-    assert "\n  4 x InterpreterError: AssertionError('BLOCK over LIMIT')\n" in msg
+    assert "\n  4 x InterpreterError: AssertionError('BLOCK over LIMIT') [rank 0]\n" in msg
     assert_call_closed()
 
 

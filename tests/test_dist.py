@@ -195,7 +195,9 @@ def test_all_configs_failing_on_one_rank_raise_on_every_rank(normal_runs):
     assert {r.get("error_type") for r in rows} == {"NoValidConfigError"}
     assert len({r["error"] for r in rows}) == 1  # the same message everywhere
     msg = rows[0]["error"]
-    assert msg.count("rank 1: OutOfResources") == 3 and "_add_one" in msg and "(64, 'torch.float32')" in msg
+    # One line for the one reason, with how many configs gave it and where.
+    assert "\n  3 x OutOfResources: " in msg and msg.count("OutOfResources") == 1 and "[rank 1]\n" in msg
+    assert "_add_one" in msg and "(64, 'torch.float32')" in msg
 
 
 def test_mismatched_shapes_raise_the_mismatch_error_on_every_rank(normal_runs):

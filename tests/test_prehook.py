@@ -103,7 +103,7 @@ def test_every_config_failing_lists_the_distinct_reasons_with_counts(tmp_path):
     # Each reason once, cause first, with its count: not one truncated source excerpt per config.
     assert lines[1].startswith("Reasons, most common first")
     assert lines[2] == ("  3 x CompileTimeAssertionFailure: needs more shared memory than this GPU has | "
-                        "<source unavailable>")
+                        "<source unavailable> [rank 0]")
     assert lines[3].startswith("Configs: {BLOCK=16, num_warps=4, num_stages=3}; {BLOCK=32")
     (error,) = [e for e in _events(tmp_path) if e["event"] == "error"]
     assert set(error["failures"]) == {f"BLOCK={b}, num_warps=4, num_stages=3" for b in (16, 32, 64)}

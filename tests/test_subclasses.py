@@ -103,6 +103,33 @@ def test_an_unknown_subclass_is_refused_by_name_and_runs_its_first_config(tmp_pa
     assert dict(kernel.cache) == {}
 
 
+class Delegating(Autotuner):
+    """Like FLA's CachedAutotuner: puts a shipped config of the key into `cache`, then calls Triton's run."""
+    runs = 0
+    shipped: dict[tuple, Any] = {}
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        type(self).runs += 1
+        key = (args[1], str(args[0].dtype))
+        if key in self.shipped:
+            self.cache[key] = self.shipped[key]
+        return super().run(*args, **kwargs)
+
+
+def test_a_subclass_whose_run_calls_tritons_keeps_its_run(tmp_path):
+    kernel = _tuner(Delegating)
+    assert libraries.rule(kernel).delegates and libraries.rule(kernel).tuned
+    x = torch.arange(100, dtype=torch.float32, device=DEVICE)
+    Delegating.runs = 0
+    torch.testing.assert_close(_op(kernel, tmp_path)(x), x + 1)  # no shipped config: tuned through its run
+    assert Delegating.runs > 1 and kernel.cache[(100, "torch.float32")].kwargs == {"BLOCK": 32}
+    Delegating.shipped = {(64, "torch.float32"): kernel.configs[2]}
+    runs = Delegating.runs
+    y = torch.arange(64, dtype=torch.float32, device=DEVICE)
+    torch.testing.assert_close(_op(kernel, tmp_path)(y), y + 1)  # its shipped config: a cache hit, run once
+    assert Delegating.runs == runs + 1 and kernel.cache[(64, "torch.float32")].kwargs == {"BLOCK": 64}
+
+
 class CachingLauncher(triton.KernelInterface):
     """Like flag-gems' LibEntry: the first launch of an argument signature goes through the autotuner; later ones
     reuse the config it ran, never reaching Autotuner.run."""

@@ -42,16 +42,27 @@ class EmptyConfigSpaceError(CtxTuneError):
         self.key = key
 
 
-def distinct_reasons(failures: Mapping[str, Sequence[str]], limit: int = 300) -> list[tuple[str, int]]:
-    """The distinct failure reasons of `failures` (config -> ["rank r: reason", ...]), most common first,
-    without the rank prefix, each cut to `limit` characters (a reason names its cause first)."""
+def distinct_reasons(failures: Mapping[str, Sequence[str]], limit: int = 300) -> list[str]:
+    """The distinct failure reasons of `failures` (config -> ["rank r: reason", ...]), most common first, as
+    lines "N x reason [ranks ...]": the rank prefix moved to the end, each reason cut to `limit` characters
+    (a reason names its cause first, so the cut loses only the end of a source excerpt)."""
     counts: dict[str, int] = {}
+    ranks: dict[str, set[str]] = {}
     for reasons in failures.values():
         for reason in reasons:
-            text = reason.split(": ", 1)[1] if reason.startswith("rank ") and ": " in reason else reason
+            rank, text = "", reason
+            if reason.startswith("rank ") and ": " in reason:
+                rank, text = reason[len("rank "):].split(": ", 1)
             text = text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
             counts[text] = counts.get(text, 0) + 1
-    return sorted(counts.items(), key=lambda item: -item[1])
+            if rank:
+                ranks.setdefault(text, set()).add(rank)
+    lines = []
+    for text, n in sorted(counts.items(), key=lambda item: -item[1]):
+        who = sorted(ranks.get(text, ()), key=lambda r: (len(r), r))
+        where = f" [{'rank' if len(who) == 1 else 'ranks'} {', '.join(who)}]" if who else ""
+        lines.append(f"{n} x {text}{where}")
+    return lines
 
 
 class NoValidConfigError(CtxTuneError):
@@ -60,7 +71,7 @@ class NoValidConfigError(CtxTuneError):
     def __init__(self, kernel: str, key: object, failures: Mapping[str, Sequence[str]]) -> None:
         lines = [f"kernel {kernel}, key {key!r}: every config failed, so there is nothing to choose.",
                  "Reasons, most common first (each reason once, with how many configs and ranks gave it):"]
-        lines += [f"  {n} x {reason}" for reason, n in distinct_reasons(failures)]
+        lines += [f"  {line}" for line in distinct_reasons(failures)]
         lines.append("Configs: " + "; ".join(f"{{{config}}}" for config in failures))
         lines.append("Fix: add configs that fit this GPU (smaller blocks, fewer stages), or prune the ones that "
                      "cannot compile with prune_configs_by. The full texts are in the rank logs ('error' event).")

@@ -10,6 +10,8 @@ real buffers, on each rank alone, or keep running whatever config its first laun
 patch.py covers both kinds while the patch is held (their `run` is replaced too). Then:
 - a subclass whose run keeps Triton's meaning is tuned like any autotuned kernel, under the key its
   own run would cache under (`Subclass.key`), and its winner goes into its own `cache`;
+- a subclass whose run does some work and then calls Triton's (`super().run(...)`, FLA's CachedAutotuner)
+  keeps its run: the patch of Autotuner.run sees the launch when it gets there;
 - any other subclass that overrides run is refused by name: a warning says what it does and how to
   tune it, and inside tuning calls it runs its first config, untuned, the same on every rank;
 - a caching launcher passes every launch made inside a tuning call straight down to its autotuner
@@ -38,6 +40,9 @@ class Subclass:
     tuned: bool  # True: tuned like Triton's; False: refused (first config, untuned, warned)
     does: str  # what its run does, for the refusal's warning and docs/compatibility.md
     key: KeyFn | None = None  # (autotuner, named kernel arguments) -> the key its run caches under
+    # Its run does some work of its own and then calls Triton's (super().run), which the patch of Autotuner.run
+    # sees: its run is left in place, so that work still happens (FLA loads shipped configs into `cache`).
+    delegates: bool = False
 
 
 def _flag_gems_key(at: Any, named: dict[str, Any]) -> tuple:
@@ -50,6 +55,8 @@ KNOWN: dict[str, Subclass] = {s.name: s for s in (
              "keys its winners by per-argument 'strategy' functions (e.g. align32, log) and keeps them in a sqlite "
              "cache; its default policy benchmarks every pruned config and keeps the fastest, as Triton's run does",
              _flag_gems_key),
+    Subclass("fla.ops.utils.cache.CachedAutotuner", True,
+             "loads FLA's shipped best config of a key into `cache`, then calls Triton's run", delegates=True),
 )}
 
 # Launchers that cache compiled kernels above an autotuner: module.QualName -> what they do.
@@ -83,9 +90,20 @@ def overrides_run(cls: type) -> bool:
     return any("run" in vars(klass) for klass in cls.__mro__[:cls.__mro__.index(Autotuner)])
 
 
-def rule(at: Any) -> Subclass | None:
-    """How to treat autotuner `at`: None for Triton's own run (or a subclass that keeps it)."""
-    cls = type(at)
+def _calls_triton_run(cls: type) -> bool:
+    """Whether the run that cls defines ends in Triton's (`super().run(`): then it delegates."""
+    import inspect
+
+    klass = next(k for k in cls.__mro__ if "run" in vars(k))
+    try:
+        source = inspect.getsource(vars(klass)["run"])
+    except (OSError, TypeError):
+        return False  # no source to read: refused rather than guessed
+    return "super().run(" in source or "Autotuner.run(self" in source
+
+
+def rule_of(cls: type) -> Subclass | None:
+    """How to treat autotuners of class `cls`: None for Triton's own run (or a subclass that inherits it)."""
     if cls in _rules:
         return _rules[cls]
     found: Subclass | None = None
@@ -95,9 +113,16 @@ def rule(at: Any) -> Subclass | None:
             if found is not None:
                 break
         else:
-            found = Subclass(_qualified(cls), False, "overrides Autotuner.run with its own benchmarking or caching")
+            found = (Subclass(_qualified(cls), True, "does its own work, then calls Triton's run", delegates=True)
+                     if _calls_triton_run(cls) else
+                     Subclass(_qualified(cls), False, "overrides Autotuner.run with its own benchmarking or caching"))
     _rules[cls] = found
     return found
+
+
+def rule(at: Any) -> Subclass | None:
+    """How to treat autotuner `at` (rule_of its class)."""
+    return rule_of(type(at))
 
 
 def tuning_key(at: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple:
@@ -127,7 +152,7 @@ def launch_refused(at: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
 
 
 def overriding_subclasses() -> Iterator[type]:
-    """Every Autotuner subclass defined so far that defines run itself."""
+    """Every Autotuner subclass defined so far that defines run itself and does not delegate to Triton's."""
     seen: set[type] = set()
     todo = list(Autotuner.__subclasses__())
     while todo:
@@ -136,7 +161,8 @@ def overriding_subclasses() -> Iterator[type]:
             continue
         seen.add(cls)
         todo.extend(cls.__subclasses__())
-        if "run" in vars(cls):
+        r = rule_of(cls) if "run" in vars(cls) else None
+        if r is not None and not r.delegates:
             yield cls
 
 
