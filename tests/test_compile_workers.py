@@ -85,7 +85,7 @@ def test_workers_compile_real_binaries_that_the_parent_then_finds(healthy):
     # (its compilation listener saw no miss): the worker's binary is under the key the parent looks up.
     for name in ("first", "second", "outer"):
         assert row[name]["compiled_here"] == 0, name
-        assert row[name]["counts"] == {"workers": len(row[name]["by_workers"]), "here": 0, "cache": 0}, name
+        assert row[name]["counts"] == {"workers": len(row[name]["by_workers"]), "here": 0, "ranks": 0, "cache": 0}, name
     # The parent compiled the same 6 configs again: every one a hit in Triton's cache, so the same keys.
     assert row["parent_new_cubins"] == 0
 
@@ -111,10 +111,10 @@ def test_kernels_a_fresh_process_cannot_import_are_compiled_by_workers_from_thei
     for name in ("main", "local"):  # defined in __main__; built inside a function
         got = row[name]
         assert (got["mine"], got["by_workers"], got["failures"], got["new_cubins"]) == ([0, 1], [0, 1], {}, 2), name
-        assert got["counts"] == {"workers": 2, "here": 0, "cache": 0} and got["compiled_here"] == 0, name
+        assert got["counts"] == {"workers": 2, "here": 0, "ranks": 0, "cache": 0} and got["compiled_here"] == 0, name
     threads = row["threads_only"]  # workers=0: this process compiles, and says so
     assert (threads["mine"], threads["by_workers"], threads["new_cubins"]) == ([0], [], 1)
-    assert threads["counts"] == {"workers": 0, "here": 1, "cache": 0} and threads["compiled_here"] == 1
+    assert threads["counts"] == {"workers": 0, "here": 1, "ranks": 0, "cache": 0} and threads["compiled_here"] == 1
 
 
 def test_a_kernel_module_that_touches_cuda_at_import_does_not_break_the_workers(healthy):
@@ -122,7 +122,7 @@ def test_a_kernel_module_that_touches_cuda_at_import_does_not_break_the_workers(
     result = healthy["cuda_import"]["result"]
     assert result["by_workers"] == [0, 1, 2], result
     assert result["by_workers"] == [0, 1, 2] and result["failures"] == {} and result["new_cubins"] == 3
-    assert result["counts"] == {"workers": 3, "here": 0, "cache": 0} and result["compiled_here"] == 0
+    assert result["counts"] == {"workers": 3, "here": 0, "ranks": 0, "cache": 0} and result["compiled_here"] == 0
 
 
 def test_a_host_tensor_descriptor_set_by_a_config_pre_hook_is_compiled_by_workers(healthy):
@@ -132,7 +132,7 @@ def test_a_host_tensor_descriptor_set_by_a_config_pre_hook_is_compiled_by_worker
     row = healthy["descriptor"]
     result = row["result"]
     assert result["by_workers"] == [0, 1, 2] and result["failures"] == {} and result["rejected"] == {}
-    assert result["counts"] == {"workers": 3, "here": 0, "cache": 0} and result["compiled_here"] == 0
+    assert result["counts"] == {"workers": 3, "here": 0, "ranks": 0, "cache": 0} and result["compiled_here"] == 0
     assert result["new_cubins"] == 3 and row["parent_new_cubins"] == 0
 
 
@@ -155,7 +155,7 @@ def test_a_rank_whose_share_is_done_compiles_the_other_local_ranks_configs_befor
     assert row["mine"] == [1, 3] and row["by_workers"] == [1, 3] and row["stolen"] == [0, 2]
     assert row["cubins_before_finish"] == 4 and row["new_cubins"] == 4 and row["compiled_here"] == 0
     assert row["places"] == {"0": "workers", "1": "workers", "2": "workers", "3": "workers"}
-    assert row["counts"] == {"workers": 4, "here": 0, "cache": 0}
+    assert row["counts"] == {"workers": 4, "here": 0, "ranks": 0, "cache": 0}
 
 
 def test_at_a_cold_start_configs_wait_for_the_workers_instead_of_all_compiling_here(tmp_path):
@@ -232,7 +232,7 @@ def test_the_default_path_forks_a_worker_per_core_from_the_zygote_that_decoratio
     first = row["first"]
     assert (first["mine"], first["by_workers"], first["failures"], first["new_cubins"]) == ([0, 1, 2], [0, 1, 2], {},
                                                                                           3), row
-    assert first["counts"] == {"workers": 3, "here": 0, "cache": 0} and first["compiled_here"] == 0
+    assert first["counts"] == {"workers": 3, "here": 0, "ranks": 0, "cache": 0} and first["compiled_here"] == 0
     # Once the pool has started, the workers compile every config; the one too big fails there.
     second = row["second"]
     assert second["by_workers"] == [1, 2, 3] and list(second["rejected"]) == ["0"] and second["new_cubins"] == 3

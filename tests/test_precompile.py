@@ -304,10 +304,10 @@ def test_the_compile_line_counts_every_config_once_and_report_prints_it(tmp_path
     assert len(pre) == 2
     for e in pre:
         assert sum(e["counts"].values()) + len(e["failures"]) + len(e["rejected"]) == 2
-        assert sorted(e["places"]) == ["0", "1"] and set(e["places"].values()) <= {"workers", "here", "cache"}
+        assert sorted(e["places"]) == ["0", "1"] and set(e["places"].values()) <= {"workers", "here", "ranks", "cache"}
         assert e["wall_s"] >= 0 and e["compile_s"] >= 0
     (call,) = [e for e in events if e["event"] == "compile"]
-    assert call["configs"] == 4 == call["workers"] + call["here"] + call["cache"]
+    assert call["configs"] == 4 == call["workers"] + call["here"] + call["ranks"] + call["cache"]
     assert call["keys"] == 2 and call["first_slot_s"] is not None and call["first_slot_s"] >= 0
     assert call["compile_s"] == pytest.approx(sum(e["compile_s"] for e in pre))
     line = next(x for x in capfd.readouterr().err.splitlines() if ": compile: " in x)

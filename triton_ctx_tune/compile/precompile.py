@@ -109,9 +109,10 @@ def _stop_threads() -> None:
 
 
 # Where a config was compiled (Compiled.places): a compile worker, this process (a thread of its own, under
-# the GIL), or nowhere, since Triton's cache had it (this process's memory or the disk cache).
-WORKER, HERE, CACHE = "workers", "here", "cache"
-PLACES = (WORKER, HERE, CACHE)
+# the GIL), another local rank (one of their share, found in the shared cache at the step's end), or nowhere,
+# since Triton's cache had it already (this process's memory or the disk cache).
+WORKER, HERE, RANKS, CACHE = "workers", "here", "ranks", "cache"
+PLACES = (WORKER, HERE, RANKS, CACHE)
 
 
 @dataclass
@@ -259,15 +260,15 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
         if stop is not None and stop.is_set():
             return None, "not compiled: stopped"
         try:
-            if pool is not None:
-                described = describe_compile(state.autotuner, state.configs[i], args, kwargs)
+            if not interpret_mode():  # (the interpreter compiles nothing: no cache to find, nothing to describe)
+                described = describe_compile(state.autotuner, state.configs[i], args, kwargs, ship=pool is not None)
                 if described.cached:
                     out.places[i] = CACHE
-                elif described.spec is not None:
+                elif described.spec is not None and pool is not None:
                     _, failure = by_worker(i, described.spec)
                     if failure is not None:
                         return None, failure
-                elif described.reason is not None:
+                elif described.reason is not None and pool is not None:
                     out.undescribed[i] = described.reason
             # The waited-for config compiling here holds HERE_SLOT if it is free: no other config joins it under
             # the GIL while the execution waits for it.
@@ -591,9 +592,9 @@ class Precompiling:
         rejected.update({i: r for i, r in more_rejected.items() if i not in failures})
         places = {i: p for i, p in {**mine.places, **more.places}.items()
                   if i not in failures and i not in rejected and i not in mine.rejected}
-        for i in self.stolen:  # compiled by this rank's workers ahead of finish(): the launch above was a hit
+        for i in rest:  # the other ranks' share, loaded from the shared cache: theirs, unless this rank stole it
             if places.get(i) == CACHE:
-                places[i] = WORKER
+                places[i] = WORKER if i in self.stolen else RANKS
         compile_s = {**more.compile_s, **mine.compile_s}
         by_workers = sorted(i for i in self.mine if places.get(i) == WORKER)
         return Compiled(self.mine, time.perf_counter() - self.started, failures=failures, rejected=rejected,

@@ -311,7 +311,8 @@ class Executor:
         self.services.log.write("precompile", f"precompile kernel={state.kernel} key={state.key!r} compiled "
                        f"{len(done.mine)}/{len(state.configs)} configs here in {done.seconds:.3f} s, "
                        f"{len(done.failures)} failed{rejected}{skipped}{meanwhile}; {counts['workers']} by workers, "
-                       f"{counts['here']} in-process, {counts['cache']} from cache, {compile_s:.1f} s of compiles in "
+                       f"{counts['here']} in-process, {counts['ranks']} by other ranks, {counts['cache']} from cache, "
+                       f"{compile_s:.1f} s of compiles in "
                        f"{wall_s:.1f} s (parallelism {par})", kernel=state.kernel,
                        key=list(state.key), mine=done.mine, seconds=done.seconds,
                        failures={str(i): r for i, r in done.failures.items()},

@@ -807,9 +807,11 @@ def _compile_env() -> dict[str, str]:
     return env
 
 
-def describe_compile(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any]) -> Described:
+def describe_compile(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any],
+                     ship: bool = True) -> Described:
     """compile_only(at, [config], args, kwargs) as a LaunchSpec for a compile worker, or why not: the binary is
-    cached already (in memory or on disk), or no other process can compile it (the reason)."""
+    cached already (in memory or on disk), or no other process can compile it (the reason). `ship=False`: only
+    whether it is cached (no LaunchSpec is built)."""
     try:
         captured = capture_compile(at, config, args, kwargs)
         if captured is None:
@@ -817,6 +819,8 @@ def describe_compile(at: Autotuner, config: Config, args: Sequence[Any], kwargs:
         src, target, options = captured
         if in_disk_cache(src, target, options):
             return Described(None, True)
+        if not ship:
+            return Described(None, False)
         if getattr(triton.knobs.runtime, "add_stages_inspection_hook", None) is not None:
             raise _NotDescribable("a stages-inspection hook is set (knobs.runtime.add_stages_inspection_hook)")
         with _SHIPPERS_LOCK:  # one walk of the kernel's functions for all its configs

@@ -686,8 +686,9 @@ def precompile_text(e: dict[str, Any]) -> str:
     """A key's precompile event in words: configs per place, compile time summed, wall time, parallelism."""
     n = e["counts"]
     par = "-" if e.get("parallelism") is None else f"{e['parallelism']:.1f}x"
-    text = (f"{sum(n.values())} configs: {n['workers']} by workers, {n['here']} in-process, {n['cache']} from "
-            f"Triton's cache; {e['compile_s']:.2f} s of compiles in {e['wall_s']:.2f} s (parallelism {par})")
+    ranks = f"{n['ranks']} by other local ranks, " if n.get("ranks") else ""
+    text = (f"{sum(n.values())} configs: {n['workers']} by workers, {n['here']} in-process, {ranks}{n['cache']} "
+            f"from Triton's cache; {e['compile_s']:.2f} s of compiles in {e['wall_s']:.2f} s (parallelism {par})")
     if e.get("undescribed"):
         text += f"; {len(e['undescribed'])} no worker could take: " + next(iter(e["undescribed"].values()))
     return text
