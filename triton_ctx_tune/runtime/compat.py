@@ -902,14 +902,19 @@ def _sync_environment(spec: LaunchSpec) -> None:
 _REBUILT: dict[tuple[str, str, tuple[str, ...]], Any] = {}
 
 
+_GAP = "pass\n"
+
+
 def _place_source(f: ShippedFunction) -> None:
     """Put f's lines in linecache at its place in its file, so that inspect (Triton's JITFunction) reads them
     there, and the binary's line info is the parent's."""
     entry = linecache.cache.get(f.filename)
     lines = list(entry[2]) if entry is not None and len(entry) == 4 and entry[1] is None else []
     end = f.first_line - 1 + len(f.raw_lines)
-    if len(lines) < end:
-        lines += ["\n"] * (end - len(lines))
+    # The lines no shipped function covers: a statement at column 0, so that inspect's block of each function
+    # ends where it ends in the real file (blank lines would let a one-line def, or a body followed by another
+    # function's indented lines, run on into the next function's).
+    lines += [_GAP] * (end + 1 - len(lines))
     lines[f.first_line - 1:end] = [line if line.endswith("\n") else line + "\n" for line in f.raw_lines]
     linecache.cache[f.filename] = (sum(map(len, lines)), None, lines, f.filename)
 
