@@ -65,7 +65,7 @@ def _run(scenarios: tuple[str, ...], cache: str, **extra: str) -> dict[str, dict
 def healthy(tmp_path_factory) -> dict[str, dict[str, Any]]:
     # LOCAL_RANK 1 of 2: the split scenario's precompile compiles configs 1 and 3 of 4 first.
     marker = tmp_path_factory.mktemp("preload") / "pids"
-    rows = _run(("reuse", "split", "fallback", "cuda_import", "descriptor"),
+    rows = _run(("reuse", "split", "fallback", "cuda_import", "descriptor", "helpers"),
                 str(tmp_path_factory.mktemp("triton-cache")),
                 LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", PRELOAD_MARKER=str(marker))
     return {**rows, "preloaded": {"pids": sorted(int(p) for p in marker.read_text().split())}}
@@ -136,11 +136,19 @@ def test_a_host_tensor_descriptor_set_by_a_config_pre_hook_is_compiled_by_worker
     assert result["new_cubins"] == 3 and row["parent_new_cubins"] == 0
 
 
+def test_helpers_laid_out_as_flas_are_rebuilt_in_the_worker(healthy):
+    """One-line @triton.jit defs inside an if/else, after a helper with a default argument (fla/ops/utils/op.py):
+    each is rebuilt from its own lines, not run on into the next."""
+    result = healthy["helpers"]["result"]
+    assert result["by_workers"] == [0, 1] and result["failures"] == {} and result["rejected"] == {}
+    assert result["compiled_here"] == 0 and result["new_cubins"] == 2
+
+
 def test_the_compile_counts_add_up_to_the_configs(healthy):
     """workers + in-process + Triton's cache == the configs compiled (the failed and rejected ones are in none)."""
     rows = [healthy["reuse"][k] for k in ("first", "second", "outer")] + [healthy["split"]["result"]]
     rows += [healthy["fallback"][k] for k in ("main", "local", "threads_only")] + [healthy["cuda_import"]["result"]]
-    rows += [healthy["descriptor"]["result"]]
+    rows += [healthy["descriptor"]["result"], healthy["helpers"]["result"]]
     for r in rows:
         assert sum(r["counts"].values()) + len(r["failures"]) + len(r["rejected"]) == r["configs"], r
     # A warm repeat finds every binary in Triton's cache (the split scenario's 4 configs, compiled by then).

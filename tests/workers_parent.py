@@ -238,6 +238,9 @@ def scenario(name: str) -> dict[str, Any]:
                 "by_workers": done.by_workers, "places": {str(i): p for i, p in sorted(done.places.items())},
                 "cubins_before_finish": stolen_before_finish, "new_cubins": cubins() - before,
                 "compiled_here": len(MISSES) - misses, "configs": len(state.configs)}
+    if name == "helpers":
+        from tests import helper_kernels as HK
+        return {"pids": pids, "result": tune(HK.helpers_double_, 32)}
     if name == "descriptor":
         # A host TensorDescriptor whose block_shape each config's pre_hook sets: the hooked copy's signature is
         # what travels to the worker (compat.hooked_launch_args, then Triton's own specialization of it).
