@@ -70,9 +70,9 @@ def main() -> None:
         for at, a, kw in launches:
             state = KeyState(autotuner=at, key=compat.tuning_key(at, a, kw), configs=list(at.configs), n_warmup=1,
                              n_repeat=1, kernel=compat.kernel_name(at))
-            _, failures, workers = _compile(state, list(range(len(at.configs))), a, kw, args.threads, math.inf, pool)
-            failed += len(failures)
-            by_workers += len(workers)
+            batch = _compile(state, list(range(len(at.configs))), a, kw, args.threads, math.inf, pool)
+            failed += len(batch.failures) + len(batch.rejected)
+            by_workers += len(batch.by_workers)
         return time.perf_counter() - start, failed, by_workers
 
     cold_cache("threads")

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -276,3 +277,43 @@ def test_at_exit_compile_threads_take_no_further_config_and_end():
     finally:
         precompile._EXITING.clear()
         hold.set()
+
+
+@triton.autotune(configs=block_configs([16, 32]), key=["n"])
+@triton.jit
+def _line_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+
+def test_the_compile_line_counts_every_config_once_and_report_prints_it(tmp_path, capfd):
+    """Each key's precompile event counts its configs by place; the call's compile event and printed line total
+    them (workers + in-process + disk cache == configs), with the time to the first timed slot."""
+    from triton_ctx_tune.tools.report import build, format_report
+
+    @contextual_autotune(n_warmup=1, n_repeat=2, early_stop=False, cache=False, log_dir=tmp_path, quiet=False)
+    def op(x: torch.Tensor) -> torch.Tensor:
+        h = x.clone()
+        _line_kernel[grid(h.numel())](h, h.numel())
+        _line_kernel[grid(h.numel() // 2)](h, h.numel() // 2)  # a second key of the same kernel
+        return h
+
+    op(torch.zeros(64, dtype=torch.float32, device=DEVICE))
+    events = [json.loads(line) for line in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
+    pre = [e for e in events if e["event"] == "precompile"]
+    assert len(pre) == 2
+    for e in pre:
+        assert sum(e["counts"].values()) + len(e["failures"]) + len(e["rejected"]) == 2
+        assert sorted(e["places"]) == ["0", "1"] and set(e["places"].values()) <= {"workers", "here", "ranks", "cache"}
+        assert e["wall_s"] >= 0 and e["compile_s"] >= 0
+    (call,) = [e for e in events if e["event"] == "compile"]
+    assert call["configs"] == 4 == call["workers"] + call["here"] + call["ranks"] + call["cache"]
+    assert call["keys"] == 2 and call["first_slot_s"] is not None and call["first_slot_s"] >= 0
+    assert call["compile_s"] == pytest.approx(sum(e["compile_s"] for e in pre))
+    line = next(x for x in capfd.readouterr().err.splitlines() if ": compile: " in x)
+    assert f"compile: 4 configs, {call['workers']} in " in line and f"{call['here']} in-process" in line
+    assert f"{call['cache']} from disk cache" in line and "first timed slot" in line
+    text = format_report(build(tmp_path))
+    assert "op: compile: 4 configs" in text
+    assert text.count("  compile    2 configs: ") == 2
+    autotuner(_line_kernel).cache.clear()

@@ -48,6 +48,14 @@ def main_add_one_(x_ptr, n, BLOCK: tl.constexpr):  # in __main__: a fresh proces
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
 
 
+@triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=w, num_stages=st) for b in (16, 32, 64, 128)
+                          for w in (1, 2, 4, 8) for st in (1, 2, 3)], key=["n"])
+@triton.jit
+def many_configs_add_one_(x_ptr, n, BLOCK: tl.constexpr):  # 48 configs: longer than the zygote's start
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 5, mask=offs < n)
+
+
 def _local_kernel() -> Any:
     @triton.autotune(configs=block_configs([16, 32]), key=["n"])
     @triton.jit
@@ -76,18 +84,31 @@ def cubins() -> int:
     return len(list(CACHE.glob("*/*.cubin")))
 
 
+MISSES: list[str] = []  # kernels this process compiled itself (Triton's disk cache did not have them)
+
+
+def _listen(*, src: Any, cache_hit: bool, **_: Any) -> None:
+    if not cache_hit:
+        MISSES.append(src.name)
+
+
+triton.knobs.compilation.listener = _listen
+
+
 def tune(at: Any, n: int, comm: Collectives | None = None, timeout_s: float = math.inf, workers: int = 2,
-         **kwargs: Any) -> dict[str, Any]:
-    x = torch.zeros(n)
-    args = (x, n)
+         args: tuple | None = None, **kwargs: Any) -> dict[str, Any]:
+    args = (torch.zeros(n), n) if args is None else args
     kwargs = {"grid": (1,), "warmup": False, **kwargs}
     state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs), n_warmup=1,
                      n_repeat=1, kernel=compat.kernel_name(at))
-    before = cubins()
+    before, misses = cubins(), len(MISSES)
     done = P.precompile(state, args, kwargs, comm or Collectives(False), threads=2, timeout_s=timeout_s,
                         workers=workers)
     return {"mine": done.mine, "by_workers": done.by_workers, "failures": {str(i): r for i, r in done.failures.items()},
-            "rejected": {str(i): r for i, r in done.rejected.items()}, "new_cubins": cubins() - before}
+            "rejected": {str(i): r for i, r in done.rejected.items()},
+            "new_cubins": cubins() - before, "counts": done.counts(), "compiled_here": len(MISSES) - misses,
+            "undescribed": {str(i): r for i, r in done.undescribed.items()}, "stolen": done.stolen,
+            "configs": len(state.configs), "unusable": (done.workers or {}).get("unusable", {})}
 
 
 def parent_hits(at: Any, n: int, blocks: list[int], **kwargs: Any) -> int:
@@ -97,6 +118,14 @@ def parent_hits(at: Any, n: int, blocks: list[int], **kwargs: Any) -> int:
     for c in at.configs:
         if c.kwargs["BLOCK"] in blocks:
             compat.compile_only(at, [c], (x, n), {"grid": (1,), **kwargs})
+    return cubins() - before
+
+
+def parent_hits_desc(PK: Any, config: Any) -> int:
+    """New cubins when this process compiles a descriptor config itself (hooked as its launch would be)."""
+    before = cubins()
+    x, y = torch.zeros(256), torch.zeros(256)
+    compat.compile_only(PK.desc_double, [config], (PK.descriptor(x), y, 256), {"grid": (1,)})
     return cubins() - before
 
 
@@ -130,9 +159,35 @@ def default_path() -> dict[str, Any]:
             "parents": sorted({ppid(p) for p in pool.pids()})}
 
 
+def cold_start() -> dict[str, Any]:
+    """A function decorated just before its first call: the zygote still imports torch when the first key's
+    configs start. The execution waits for one config, compiled in this process at once; the others wait for
+    the workers (at most one more at a time here) instead of all compiling here, GIL-bound (issue 37)."""
+    from triton_ctx_tune.compile import compile_workers as CW
+
+    CW.get_zygote()  # as decorating does; not waited for
+    at = many_configs_add_one_
+    x = torch.zeros(100)
+    args, kwargs = (x, 100), {"grid": (1,), "warmup": False}
+    state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs), n_warmup=1,
+                     n_repeat=1, kernel=compat.kernel_name(at))
+    zygote_at_start = CW.zygote_state()
+    began = time.monotonic()
+    compiling = P.start(state, args, kwargs, Collectives(False), threads=2, workers=2)
+    first = compiling.first_ready()
+    first_s = time.monotonic() - began
+    done = compiling.finish(Collectives(False))
+    return {"zygote_at_start": zygote_at_start, "first": first, "first_s": first_s,
+            "seconds": time.monotonic() - began, "counts": done.counts(), "by_workers": done.by_workers,
+            "failures": done.failures, "rejected": done.rejected, "configs": len(state.configs),
+            "pids": get_pool(2).pids(), "zygote": get_pool(2).zygote.pid}
+
+
 def scenario(name: str) -> dict[str, Any]:
     if name == "default":
         return default_path()
+    if name == "cold":
+        return cold_start()
     # As a training script would during its set-up; later scenarios find the same pool.
     start_compile_workers(2, preload=("tests.preload_marker",))
     pool = get_pool(2)
@@ -163,6 +218,42 @@ def scenario(name: str) -> dict[str, Any]:
     if name == "fallback":
         return {"pids": pids, "main": tune(main_add_one_, 64), "local": tune(_local_kernel(), 64),
                 "threads_only": tune(K.single_config_add_one_, 64, workers=0)}
+    if name == "steal":
+        # Local rank 1 of 2, its share (configs 1, 3) done before the step's end: its workers go on with the
+        # other rank's configs (last first: 2, then 0) instead of idling until finish().
+        at = K.early_pruned_add_one_
+        x = torch.zeros(64)
+        args, kwargs = (x, 64), {"grid": (1,), "warmup": False}
+        state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs), n_warmup=1,
+                         n_repeat=1, kernel=compat.kernel_name(at))
+        comm = LocalRanks()
+        before, misses = cubins(), len(MISSES)
+        compiling = P.start(state, args, kwargs, comm, threads=2, workers=2)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not compiling.done or compiling._thread.is_alive()):
+            time.sleep(0.05)  # the execution would go on meanwhile; the step's end is later
+        stolen_before_finish = cubins() - before
+        done = compiling.finish(comm)
+        return {"pids": pids, "mine": done.mine, "stolen": done.stolen, "counts": done.counts(),
+                "by_workers": done.by_workers, "places": {str(i): p for i, p in sorted(done.places.items())},
+                "cubins_before_finish": stolen_before_finish, "new_cubins": cubins() - before,
+                "compiled_here": len(MISSES) - misses, "configs": len(state.configs)}
+    if name == "helpers":
+        from tests import helper_kernels as HK
+        return {"pids": pids, "result": tune(HK.helpers_double_, 32)}
+    if name == "descriptor":
+        # A host TensorDescriptor whose block_shape each config's pre_hook sets: the hooked copy's signature is
+        # what travels to the worker (compat.hooked_launch_args, then Triton's own specialization of it).
+        from tests import prehook_kernels as PK
+        x, y = torch.zeros(256), torch.zeros(256)
+        return {"pids": pids, "result": tune(PK.desc_double, 256, args=(PK.descriptor(x), y, 256)),
+                "parent_new_cubins": sum(parent_hits_desc(PK, c) for c in PK.desc_double.configs)}
+    if name == "cuda_import":
+        # A kernel library that asks the GPU for its name at import (as FLA does): it raises in any process but
+        # this one, so a worker that imported it could not compile. The workers get the kernel as source.
+        os.environ["CUDA_TOUCH_PARENT"] = str(os.getpid())
+        from tests import cuda_touch_kernels as C
+        return {"pids": pids, "result": tune(C.touchy_add_one_, 64), "gpu_name": C.GPU_NAME}
     if name == "hold":
         print(json.dumps({"pids": pids, "parent": os.getpid(), "zygote": pool.zygote.pid}), flush=True)
         time.sleep(3600)  # the test kills this process

@@ -7,10 +7,14 @@ importing torch, and W ranks x N workers importing at once competed with the ran
 zygote, when a tuned function is decorated, long before its first call: it imports torch, triton
 and this package once, primes Triton's compiler hash, and then forks a worker in milliseconds
 whenever the pool asks for one (a fork server, as multiprocessing's 'forkserver' with preloaded
-modules, but without re-running the parent's main script). The zygote initialises no GPU itself
-(a kernel library it imports for the workers may: FLA asks for the device's name at import). A
-worker compiles a config described by compat.describe_compile for the parent's GPU target; the
-binary lands in Triton's disk cache, where the parent's own compile-only launch then finds it.
+modules, but without re-running the parent's main script). The zygote initialises no GPU and
+imports nothing of the user's library: a worker gets each config as compat.describe_compile
+describes it (the kernel's source, its JIT dependencies and globals, and the signature, constexprs,
+attributes, options and target that Triton's own compile-only launch would pass to compile()), and
+compiles it for the parent's GPU target (compat.compile_described) under the parent's cache key; the
+binary lands in Triton's disk cache, where the parent's own compile-only launch then finds it. So a
+kernel defined in __main__ or inside a function, and a library that touches CUDA at import (FLA asks
+for the device's name), compile here too.
 
 Each worker leads its own process group, so a compile that runs past its limit is killed with the
 ptxas it started. The zygote reaps its workers and reports how each ended (the crash message names
@@ -54,10 +58,10 @@ BOOT_TIMEOUT_S = 300.0
 # A worker that fails to start is not replaced after this many such failures: the pool is broken
 # (an environment the child cannot import in), and the threads compile instead.
 MAX_BOOT_FAILURES = 3
-# Seconds after a pool is made during which a compile waits for its first worker rather than running on a
-# thread: the zygote's imports take a few seconds, and configs a thread took on meanwhile (GIL-bound, about
-# one at a time) were still compiling there long after 16 workers stood idle (the FLA step on an H100).
-STARTING_WAIT_S = 20.0
+# Seconds after the pool is made from a ready zygote during which configs wait for its forks to be ready rather
+# than compile in the rank's process (a fork from the zygote is ready in milliseconds; a config taken here holds
+# the GIL for the whole compile, while the workers would have taken it).
+FORK_GRACE_S = 2.0
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds triton_ctx_tune/
 _BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from triton_ctx_tune.compile.compile_workers import zygote; "
@@ -70,6 +74,12 @@ class Outcome:
     """What a worker made of one config: compiled (failure None), or a failure of that config."""
     failure: str | None
     pid: int
+    seconds: float = 0.0  # the compile's own time, in the worker
+
+
+def _kernel_id(spec: LaunchSpec) -> str:
+    kernel = spec.functions[0]
+    return f"{kernel.module}.{kernel.qualname}"
 
 
 def default_workers() -> int:
@@ -215,9 +225,8 @@ class WorkerPool:
         self._workers: list[_Worker] = []
         self._boot_failures = 0
         self._closed = False
-        # Modules a worker could not compile from (why, as the worker said it): their kernels use threads.
+        # Kernels a worker could not rebuild (why, as the worker said it): they compile in the rank's process.
         self.unusable: dict[str, str] = {}
-        self.undescribed = 0  # configs precompile could not describe to a worker (compat.describe_compile)
         self.made = time.monotonic()
         self.grow(size)
 
@@ -244,20 +253,10 @@ class WorkerPool:
         with self._cond:
             return self._count("idle", "busy")
 
-    def ready_soon(self) -> bool:
-        """Whether a worker is ready, waiting while none is but some are being forked, until STARTING_WAIT_S
-        after the pool was made (a broken start does not hold compiles up longer than that). No wait while the
-        zygote itself still imports torch (a function decorated just before its call): threads compile then."""
-        if self.zygote.state != "ready":
-            return self.ready() > 0
-        deadline = self.made + STARTING_WAIT_S
-        with self._cond:
-            while not self._count("idle", "busy"):
-                left = deadline - time.monotonic()
-                if left <= 0 or self._closed or not self._count("booting"):
-                    return False
-                self._cond.wait(left)
-            return True
+    def forking(self) -> bool:
+        """Whether workers are being forked from a ready zygote, within FORK_GRACE_S of the pool's making or
+        growth: they are ready in milliseconds, so a config waits for them rather than compile here."""
+        return self.zygote.state == "ready" and time.monotonic() - self.made < FORK_GRACE_S
 
     def grow(self, size: int) -> None:
         with self._cond:
@@ -308,47 +307,56 @@ class WorkerPool:
                     worker.kill()
             self._cond.notify_all()
 
-    def _acquire(self) -> tuple[_Worker, int] | None:
-        """An idle worker and its pid, waiting for one while any has started; None while none has (compile here
-        instead)."""
+    def live(self) -> bool:
+        """Whether any worker is ready or starting: False once the pool is closed or broken."""
+        with self._cond:
+            return not self._closed and self._count("idle", "busy", "booting") > 0
+
+    def acquire(self, wait_s: float) -> tuple[_Worker, int] | None:
+        """An idle worker and its pid, waiting up to `wait_s` for one; None if none came (or the pool is closed
+        or has no live worker)."""
+        deadline = time.monotonic() + wait_s
         with self._cond:
             while True:
                 if self._closed:
                     return None
                 for w in self._workers:
                     if w.state == "idle" and w.pid is not None:  # (idle: it booted, so it has a pid)
+                        if self.zygote.exit_code(w.pid) is not None:  # died while idle (killed from outside)
+                            w.kill()
+                            self._workers.remove(w)
+                            self._start()
+                            break
                         w.state = "busy"
                         return w, w.pid
-                if not any(w.state == "busy" for w in self._workers):
-                    return None
-                self._cond.wait()
+                else:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._count("idle", "busy", "booting"):
+                        return None
+                    self._cond.wait(min(left, 0.5))
 
     def _release(self, worker: _Worker, replace: bool) -> None:
         with self._cond:
             if replace:
                 worker.kill()
-                self._workers.remove(worker)
+                if worker in self._workers:
+                    self._workers.remove(worker)
                 self._start()
             elif worker.state == "busy":
                 worker.state = "idle"
             self._cond.notify_all()
 
-    def compile(self, spec: LaunchSpec, timeout_s: float) -> Outcome | None:
-        """Compile `spec` in a worker: None when no worker took it (none started yet, or the worker could not
-        import or compile it for a reason that is not the config's): then the caller compiles it itself."""
-        if spec.module in self.unusable:
-            return None
-        acquired = self._acquire()
-        while acquired is not None and self.zygote.exit_code(acquired[1]) is not None:
-            self._release(acquired[0], replace=True)  # died while idle (killed from outside): not this config's fault
-            acquired = self._acquire()
-        if acquired is None:
-            return None
+    def usable(self, spec: LaunchSpec) -> bool:
+        return _kernel_id(spec) not in self.unusable
+
+    def run(self, acquired: tuple[_Worker, int], spec: LaunchSpec, timeout_s: float) -> Outcome | None:
+        """Compile `spec` on the acquired worker (released after). None when the worker could not compile it for
+        a reason that is not the config's (it could not rebuild the kernel): then the caller compiles it."""
         worker, pid = acquired
         try:
             worker.conn.send(spec)
             answered = worker.conn.poll(None if math.isinf(timeout_s) else max(timeout_s, 0.0))
-            kind, text = worker.conn.recv() if answered else ("timeout", "")
+            kind, text, seconds = worker.conn.recv() if answered else ("timeout", "", timeout_s)
         except (EOFError, OSError):
             code = self.zygote.exit_code(pid, timeout_s=5.0)
             self._release(worker, replace=True)
@@ -358,12 +366,20 @@ class WorkerPool:
             self._release(worker, replace=True)  # killed with its ptxas, not abandoned like a thread
             return Outcome(f"compile timeout: compiling this config took longer than {timeout_s:g} s, so its "
                            "compile worker was killed (raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT "
-                           "if it is just slow)", pid)
+                           "if it is just slow)", pid, timeout_s)
         self._release(worker, replace=False)
         if kind == "error":
-            self.unusable.setdefault(spec.module, text)  # it could not import or find the kernel: nor will it later
+            self.unusable.setdefault(_kernel_id(spec), text)  # it could not rebuild the kernel: nor will it later
             return None
-        return Outcome(text if kind == "failure" else None, pid)
+        return Outcome(text if kind == "failure" else None, pid, seconds)
+
+    def compile(self, spec: LaunchSpec, timeout_s: float) -> Outcome | None:
+        """Compile `spec` in a worker, waiting for one while any is ready or starting; None when no worker took it
+        (none is live, or it could not rebuild the kernel): then the caller compiles it itself."""
+        if not self.usable(spec):
+            return None
+        acquired = self.acquire(BOOT_TIMEOUT_S)
+        return None if acquired is None else self.run(acquired, spec, timeout_s)
 
     def close(self) -> None:
         """Ask every worker to exit, then kill what is left after a short wait: never hangs the exit."""
@@ -571,13 +587,15 @@ def _worker(fd: int) -> None:
         conn.send("ready")
         while True:
             spec = conn.recv()
+            began = time.perf_counter()
             try:
                 compile_described(spec)
-                reply: tuple[str, str] = ("ok", "")
+                reply: tuple[str, str, float] = ("ok", "", 0.0)
             except Exception as e:  # noqa: BLE001 (whatever failed, the worker reports it and takes the next)
                 reason = config_failure_reason(e)
-                reply = ("failure", reason) if reason is not None else ("error", f"{type(e).__name__}: {e}")
-            conn.send(reply)
+                reply = (("failure", reason, 0.0) if reason is not None
+                         else ("error", f"{type(e).__name__}: {e}", 0.0))
+            conn.send((reply[0], reply[1], time.perf_counter() - began))
     except (EOFError, OSError, KeyboardInterrupt):
         pass  # the pool closed it, or the rank died
     finally:

@@ -5,9 +5,14 @@ is over 90% of tuning time, and compile stalls between timed slots let the GPU c
 Here all configs are compiled at once, so binaries land in Triton's cache and the slots'
 launches hit it. Triton's front end holds the GIL, so the compiling is done by this rank's
 compile worker processes (compile_workers.py), one config each at a time; a thread per worker
-hands it the config and then runs Triton's own compile-only path (`run(warmup=True)`) here, a
-cache hit by then. Threads compile themselves where no worker can: none has started yet, the
-kernel cannot be imported in a fresh process, compile_workers=0, or the interpreter. Ranks on
+describes the config (compat.describe_compile: the kernel's source and what Triton's compile()
+takes), hands it over and then runs Triton's own compile-only path (`run(warmup=True)`) here, a
+disk-cache hit by then. A config waits for a worker while any is ready or starting; this process
+compiles one itself only where no worker can: while none is ready yet (one config at a time,
+HERE_SLOT; and the config an execution waits for, at once), a config it cannot describe,
+compile_workers=0, or the interpreter. Each config's place (workers, here, cache) and compile time
+go to the precompile event. A rank whose share is done goes on, until the step's end, with the
+other local ranks' configs (stolen: they only warm the shared cache). Ranks on
 one node split the configs (config i goes to local rank i % local_world) and meet in one bounded
 all-gather, after which each loads the others' binaries from the shared Triton cache; a second
 all-gather shares what failed in that load.
@@ -53,7 +58,6 @@ from ..runtime.compat import (
     config_failure_reason,
     describe_compile,
     interpret_mode,
-    kernel_modules,
     load_binary,
     prime_compiler_hash,
     prime_interpreter,
@@ -104,6 +108,13 @@ def _stop_threads() -> None:
         thread.join(max(0.0, deadline - time.monotonic()))
 
 
+# Where a config was compiled (Compiled.places): a compile worker, this process (a thread of its own, under
+# the GIL), another local rank (one of their share, found in the shared cache at the step's end), or nowhere,
+# since Triton's cache had it already (this process's memory or the disk cache).
+WORKER, HERE, RANKS, CACHE = "workers", "here", "ranks", "cache"
+PLACES = (WORKER, HERE, RANKS, CACHE)
+
+
 @dataclass
 class Compiled:
     mine: list[int]  # config indices this rank compiled
@@ -116,6 +127,36 @@ class Compiled:
     by_workers: list[int] = field(default_factory=list)  # config indices a worker process compiled
     workers: dict[str, Any] = field(default_factory=dict)  # the pool's state (WorkerPool.status), {} without one
     ran_meanwhile: list[int] = field(default_factory=list)  # configs the step that met the key launched meanwhile
+    # Every config this rank compiled or loaded (its share, then the others'): where, and its own compile time.
+    places: dict[int, str] = field(default_factory=dict)
+    compile_s: dict[int, float] = field(default_factory=dict)
+    undescribed: dict[int, str] = field(default_factory=dict)  # configs no worker could take, and why
+    stolen: list[int] = field(default_factory=list)  # other ranks' configs this rank's workers compiled early
+    started: float = 0.0  # perf_counter: when the key's first launch started its compiles
+    ended: float = 0.0  # perf_counter: when its last config was compiled (or found in the cache)
+
+    def counts(self) -> dict[str, int]:
+        return {p: sum(1 for v in self.places.values() if v == p) for p in PLACES}
+
+
+class _HereSlot:
+    """One config at a time compiles in this process while no worker is ready (Triton's front end holds the GIL:
+    a second would only slow the first, and the execution's own thread). A config taken here stays here, so
+    none is taken while a worker is ready: the workers drain the queue."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def try_take(self) -> bool:
+        return self._lock.acquire(blocking=False)
+
+    def give_back(self) -> None:
+        self._lock.release()
+
+
+HERE_SLOT = _HereSlot()
+# How often a config waiting for a worker looks again whether it may compile here instead.
+POLL_S = 0.05
 
 
 def local_share(n_configs: int, comm: Collectives) -> list[int]:
@@ -150,41 +191,102 @@ class Batch:
     rejected: dict[int, str] = field(default_factory=dict)  # the launch path tries them again
     skipped: dict[int, str] = field(default_factory=dict)  # their signature is known only at launch
     by_workers: list[int] = field(default_factory=list)
+    places: dict[int, str] = field(default_factory=dict)  # where each config compiled: PLACES
+    compile_s: dict[int, float] = field(default_factory=dict)  # each config's own compile time
+    undescribed: dict[int, str] = field(default_factory=dict)  # configs no worker could take, and why
+    ended: float = field(default_factory=time.perf_counter)  # when the last config was settled
 
 
 def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
              timeout_s: float, pool: WorkerPool | None = None, device: int | None = None,
-             load: bool = True, on_ready: Callable[[int], None] | None = None) -> Batch:
+             load: bool = True, on_ready: Callable[[int], None] | None = None,
+             stop: threading.Event | None = None, later: bool = False) -> Batch:
     """Compile configs `indices` on up to `threads` threads (and `pool`'s workers); `device` is the
     caller's, since a thread started here (or by start()) begins on device 0; `on_ready(i)` as each
-    config's compile succeeds."""
+    config's compile succeeds; `stop`, once set, starts no further config (they count as not compiled);
+    `later`: the configs wait in GATE behind every config of any key that is not `later` (stolen ones).
+
+    Each config goes to a compile worker when one is ready or starting: its thread waits for a worker rather
+    than compiling it here. Here compile: the configs no worker can take (compat.describe_compile says why),
+    every config when there is no pool, and, while no worker is ready yet, one config at a time (HERE_SLOT;
+    the config an execution waits for does not wait for the slot)."""
+    out = Batch()
     if not indices:
-        return Batch()
-    by_workers: list[int] = []
-    skipped: dict[int, str] = {}
-    undescribed: list[int] = []  # configs compile_workers cannot describe to a worker (logged)
+        return out
     first = indices[0] if on_ready is not None else None  # what a waiting execution runs first
+
+    def here(i: int) -> Any:
+        began = time.perf_counter()
+        kernel = compile_only(state.autotuner, [state.configs[i]], args, kwargs)[0]
+        out.compile_s[i] = time.perf_counter() - began
+        out.places[i] = HERE
+        return kernel
+
+    def by_worker(i: int, spec: Any) -> tuple[bool, str | None]:
+        """(True, failure) once a worker or this process took config i; (False, None): compile it here."""
+        assert pool is not None
+        while pool.usable(spec):
+            if stop is not None and stop.is_set():
+                return True, "not compiled: stopped"
+            if _EXITING.is_set():
+                return True, EXIT_REASON
+            # The config an execution waits for takes an idle worker now, or compiles here at once.
+            acquired = pool.acquire(0.0 if i == first and not pool.forking() else POLL_S)
+            if acquired is None and i == first:
+                return False, None
+            if acquired is not None:
+                outcome = pool.run(acquired, spec, timeout_s)
+                if outcome is None:
+                    return False, None  # the worker could not rebuild the kernel: here, counted
+                out.compile_s[i] = outcome.seconds
+                if outcome.failure is not None:
+                    return True, outcome.failure  # never compiled here: it may hang or crash this process
+                out.places[i] = WORKER
+                return False, None
+            if pool.ready() == 0 or not pool.live():
+                if not pool.live():
+                    return False, None
+                if not pool.forking() and HERE_SLOT.try_take():
+                    try:
+                        here(i)
+                    finally:
+                        HERE_SLOT.give_back()
+                    return True, None
+        return False, None
 
     def one(i: int) -> tuple[Any, str | None]:
         if device is not None:
             torch.cuda.set_device(device)  # Triton picks the target from this thread's current device
+        if stop is not None and stop.is_set():
+            return None, "not compiled: stopped"
         try:
-            # The config an execution waits for compiles here if no worker is ready; the others wait for one.
-            if pool is not None and (pool.ready() if i == first else pool.ready_soon()):
-                spec = describe_compile(state.autotuner, state.configs[i], args, kwargs)
-                if spec is None:
-                    undescribed.append(i)
-                outcome = None if spec is None else pool.compile(spec, timeout_s)
-                if outcome is not None:
-                    if outcome.failure is not None:
-                        return None, outcome.failure  # never compiled here: it may hang or crash this process
-                    by_workers.append(i)
-            kernel = compile_only(state.autotuner, [state.configs[i]], args, kwargs)[0]
+            if not interpret_mode():  # (the interpreter compiles nothing: no cache to find, nothing to describe)
+                described = describe_compile(state.autotuner, state.configs[i], args, kwargs, ship=pool is not None)
+                if described.cached:
+                    out.places[i] = CACHE
+                elif described.spec is not None and pool is not None:
+                    _, failure = by_worker(i, described.spec)
+                    if failure is not None:
+                        return None, failure
+                elif described.reason is not None and pool is not None:
+                    out.undescribed[i] = described.reason
+            # The waited-for config compiling here holds HERE_SLOT if it is free: no other config joins it under
+            # the GIL while the execution waits for it.
+            slot = i == first and i not in out.places and HERE_SLOT.try_take()
+            began = time.perf_counter()
+            try:
+                kernel = compile_only(state.autotuner, [state.configs[i]], args, kwargs)[0]
+            finally:
+                if slot:
+                    HERE_SLOT.give_back()
+            if i not in out.places:  # compiled by that launch, on this thread
+                out.places[i] = HERE
+                out.compile_s[i] = time.perf_counter() - began
             if on_ready is not None:
                 on_ready(i)
             return kernel, None
         except SignatureUnknown as e:
-            skipped[i] = f"not precompiled: {e}; it compiles at its first launch"
+            out.skipped[i] = f"not precompiled: {e}; it compiles at its first launch"
             return None, None
         except Exception as e:
             reason = config_failure_reason(e)
@@ -195,28 +297,29 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     if device is None:
         device = _device()
     if pool is not None:
-        threads = max(threads, pool.size)  # one thread per worker keeps every worker busy
+        threads = max(threads, pool.size + 1)  # one thread per worker keeps every worker busy, one compiles here
     if math.isinf(timeout_s) and (threads <= 1 or len(indices) <= 1):
         results = {i: one(i) if not _EXITING.is_set() else (None, EXIT_REASON) for i in indices}  # nothing to bound
     else:
         done, late = run_with_deadline(indices, one, threads, timeout_s + (WORKER_GRACE_S if pool else 0.0),
-                                       gate=lambda i: GATE.enter(i == first, threads, len(state.configs)))
+                                       gate=lambda i: GATE.enter(i == first, threads,
+                                                                 len(state.configs) + (1 << 30 if later else 0)))
         results = {i: r for i, r in done.items()}
         for i in late:
             results[i] = (None, EXIT_REASON if _EXITING.is_set() else
                           f"compile timeout: compiling this config took longer than {timeout_s:g} s, so it was "
                           "abandoned (raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT if it is just slow)")
-    batch = Batch(kernels={i: k for i, (k, r) in results.items() if r is None and i not in skipped},
-                  skipped=dict(skipped))
+    out.kernels = {i: k for i, (k, r) in results.items() if r is None and i not in out.skipped}
     for i, (_, reason) in results.items():
         if reason is not None:
-            (batch.failures if reason.startswith(_EXCLUDING) else batch.rejected)[i] = reason
+            (out.failures if reason.startswith(_EXCLUDING) else out.rejected)[i] = reason
     if load:
-        batch.rejected.update(_load(batch.kernels))
-    if undescribed and pool is not None:
-        pool.undescribed += len(undescribed)
-    batch.by_workers = sorted(i for i in by_workers if i in batch.kernels and i not in batch.rejected)
-    return batch
+        out.rejected.update(_load(out.kernels))
+    for i in [*out.failures, *out.rejected, *out.skipped]:
+        out.places.pop(i, None)
+    out.by_workers = sorted(i for i, p in out.places.items() if p == WORKER)
+    out.ended = time.perf_counter()
+    return out
 
 
 def _load(kernels: dict[int, Any]) -> dict[int, str]:
@@ -380,7 +483,7 @@ def _pool(workers: int, state: KeyState) -> WorkerPool | None:
     if workers <= 0:
         return None
     try:
-        return get_pool(workers, preload=kernel_modules(state.autotuner))
+        return get_pool(workers)
     except (RuntimeError, OSError):
         return None  # no GPU driver to name the target, no process to start: the threads compile
 
@@ -394,16 +497,22 @@ class Precompiling:
         self.state, self.args, self.kwargs = state, args, kwargs
         self.threads, self.timeout_s = threads, timeout_s
         self.started = time.perf_counter()
-        # Configs already failed (quarantined: they killed a process) are neither compiled nor run; carried
-        # ones (incremental re-tuning) take no slot and compile at their first launch if they win.
         # A budgeted search's configs beyond its first rung (state.later) compile at their first launch, if
         # a rung ever chooses them.
-        self.mine = [i for i in local_share(len(state.configs), comm) if i not in state.failures
-                     and i not in state.carried and i not in state.later]
+        skip = set(state.failures) | set(state.carried) | set(state.later)
+        # Configs already failed (quarantined: they killed a process) are neither compiled nor run; carried
+        # ones (incremental re-tuning) take no slot and compile at their first launch if they win.
+        self.mine = [i for i in local_share(len(state.configs), comm) if i not in skip]
+        # The other local ranks' configs, last first (their owners start at the front): this rank's workers
+        # compile them once its own share is done, while the finish() of the step is not reached yet, so no
+        # rank's workers idle while another's queue is long. Their outcome only warms Triton's disk cache.
+        self.others = [i for i in reversed(range(len(state.configs))) if i not in self.mine and i not in skip]
         self.ran_meanwhile: list[int] = []  # what first_ready() handed to the execution
         self._ready: list[int] = []
         self._settled = False
         self._cond = threading.Condition()
+        self._stop_stealing = threading.Event()
+        self.stolen: list[int] = []
         self.pool = _pool(workers, state)
         self.device = _device()
         if not interpret_mode():
@@ -419,16 +528,26 @@ class Precompiling:
         self._thread = _start_thread(self._compile_mine, "ctx-tune-precompile")
         return self
 
-    def _compile_mine(self) -> None:
+    def _compile_mine(self, waited_for: bool = True) -> None:
+        """`waited_for`: an execution waits for the first config (first_ready): it compiles here at once when no
+        worker is idle. Not when both halves run at once (precompile()): then no config is in a hurry."""
         try:
             self._outcome = _compile(self.state, self.mine, self.args, self.kwargs, self.threads, self.timeout_s,
-                                     self.pool, self.device, load=False, on_ready=self._on_ready)
+                                     self.pool, self.device, load=False,
+                                     on_ready=self._on_ready if waited_for else None)
         except BaseException as e:  # noqa: BLE001 (re-raised by finish(), on the thread that owns the call)
             self._error = e
         finally:
             with self._cond:
                 self._settled = True
                 self._cond.notify_all()
+        if self._error is None and self.pool is not None and self.others and not self._stop_stealing.is_set():
+            try:
+                stolen = _compile(self.state, self.others, self.args, self.kwargs, self.threads, self.timeout_s,
+                                  self.pool, self.device, load=False, stop=self._stop_stealing, later=True)
+                self.stolen = sorted(i for i, p in stolen.places.items() if p == WORKER)
+            except Exception:  # noqa: BLE001 (a head start only: finish() compiles these configs itself)
+                pass
 
     def _on_ready(self, index: int) -> None:
         with self._cond:
@@ -452,8 +571,9 @@ class Precompiling:
             return self._settled
 
     def finish(self, comm: Collectives) -> Compiled:
+        self._stop_stealing.set()  # the configs in a worker's hands finish; no further one starts
         if self._thread is None:
-            self._compile_mine()
+            self._compile_mine(waited_for=False)
         else:
             self._thread.join()
         if self._error is not None:
@@ -461,7 +581,6 @@ class Precompiling:
         assert self._outcome is not None
         mine, state, n, pool = self._outcome, self.state, len(self.state.configs), self.pool
         mine.rejected.update(_load(mine.kernels))
-        by_workers = [i for i in mine.by_workers if i not in mine.rejected]
         failures, rejected = _share(comm, mine, n, "share precompile results")
         # The others' binaries are in the shared Triton cache now: loading them here is cheap and keeps
         # the load out of the first slot (compiled here instead when caches are not shared).
@@ -473,10 +592,19 @@ class Precompiling:
         more_failures, more_rejected = _share(comm, more, n, "share load results")
         failures.update(more_failures)
         rejected.update({i: r for i, r in more_rejected.items() if i not in failures})
+        places = {i: p for i, p in {**mine.places, **more.places}.items()
+                  if i not in failures and i not in rejected and i not in mine.rejected}
+        for i in rest:  # the other ranks' share, loaded from the shared cache: theirs, unless this rank stole it
+            if places.get(i) == CACHE:
+                places[i] = WORKER if i in self.stolen else RANKS
+        compile_s = {**more.compile_s, **mine.compile_s}
+        by_workers = sorted(i for i in self.mine if places.get(i) == WORKER)
         return Compiled(self.mine, time.perf_counter() - self.started, failures=failures, rejected=rejected,
                         skipped={**mine.skipped, **more.skipped}, by_workers=by_workers,
-                        workers={} if pool is None else dict(pool.status(), undescribed=pool.undescribed),
-                        ran_meanwhile=sorted(set(self.ran_meanwhile)))
+                        workers={} if pool is None else pool.status(),
+                        ran_meanwhile=sorted(set(self.ran_meanwhile)), places=places, compile_s=compile_s,
+                        undescribed={**mine.undescribed, **more.undescribed}, stolen=list(self.stolen),
+                        started=self.started, ended=max(mine.ended, more.ended if rest else 0.0))
 
 
 def _share(comm: Collectives, batch: Batch, n: int, what: str) -> tuple[dict[int, str], dict[int, str]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -291,6 +292,8 @@ class Executor:
             # here would pair with another rank's different one if they did not).
             for i, reason in self.services.quarantine.local(state.key_id, len(state.configs)).items():
                 state.fail(i, reason)
+        if self.stats.first_launch_at is None:
+            self.stats.first_launch_at = time.perf_counter()
         if self.opts.resolved_precompile():
             work = (state, args, kwargs, self.services.comm, self.opts.compile_threads or precompile.default_threads(),
                     self.opts.resolved_compile_timeout(), self.opts.resolved_compile_workers())
@@ -320,16 +323,30 @@ class Executor:
             state.fail(i, reason)
         state.rejected.update(done.rejected)
         meanwhile = f" (the execution ran config {done.ran_meanwhile} meanwhile)" if done.ran_meanwhile else ""
+        counts = done.counts()
+        compile_s = sum(done.compile_s.values())
+        wall_s = done.ended - done.started
+        parallelism = compile_s / wall_s if wall_s > 0 else None
+        pool = int(done.workers.get("ready", 0)) if done.workers else 0
+        self.stats.compiles.append({"counts": counts, "compile_s": compile_s, "started": done.started,
+                                    "ended": done.ended, "pool": pool})
+        par = "-" if parallelism is None else f"{parallelism:.1f}x"
         rejected = (f", {len(done.rejected)} rejected (their launch compiles them again)" if done.rejected else "")
         skipped = f", {len(done.skipped)} left to their launch" if done.skipped else ""
         self.services.log.write("precompile", f"precompile kernel={state.kernel} key={state.key!r} compiled "
                        f"{len(done.mine)}/{len(state.configs)} configs here in {done.seconds:.3f} s, "
-                       f"{len(done.failures)} failed{rejected}{skipped}{meanwhile}", kernel=state.kernel,
+                       f"{len(done.failures)} failed{rejected}{skipped}{meanwhile}; {counts['workers']} by workers, "
+                       f"{counts['here']} in-process, {counts['ranks']} by other ranks, {counts['cache']} from cache, "
+                       f"{compile_s:.1f} s of compiles in "
+                       f"{wall_s:.1f} s (parallelism {par})", kernel=state.kernel,
                        key=list(state.key), mine=done.mine, seconds=done.seconds,
                        failures={str(i): r for i, r in done.failures.items()},
                        rejected={str(i): r for i, r in done.rejected.items()},
                        skipped={str(i): r for i, r in done.skipped.items()},
-                       by_workers=done.by_workers, workers=done.workers, ran_meanwhile=done.ran_meanwhile)
+                       by_workers=done.by_workers, workers=done.workers, ran_meanwhile=done.ran_meanwhile,
+                       places={str(i): p for i, p in sorted(done.places.items())}, counts=counts,
+                       compile_s=compile_s, wall_s=wall_s, parallelism=parallelism,
+                       undescribed={str(i): r for i, r in sorted(done.undescribed.items())}, stolen=done.stolen)
 
     def finish_compiles(self, void: bool, everywhere: list[KeyState] | None = None) -> None:
         """The collective half of the background compiles, in the order every rank met the keys.
@@ -393,6 +410,8 @@ class Executor:
                 state.works.add(slot.config)
                 record.ran = slot.config
                 if slot.timed:
+                    if self.stats.first_slot_s is None and self.stats.first_launch_at is not None:
+                        self.stats.first_slot_s = time.perf_counter() - self.stats.first_launch_at
                     sample = out if graph is not None else stop
                     assert sample is not None  # timed and not replayed: launch() stopped the span it started
                     record.sample = sample

@@ -20,7 +20,7 @@ from ..runtime.collectives import Collectives
 from ..runtime.timing import Timer, make_timer
 from ..store.cache import TuningCache, resolve_dir
 from ..store.quarantine import Quarantine
-from ..tools.logs import RankLog
+from ..tools.logs import RankLog, compile_line, compile_totals
 from .progress import Progress
 
 if TYPE_CHECKING:
@@ -106,6 +106,12 @@ class CallServices:
             device = torch.cuda.get_device_name() if self.timer.kind != "host" else "cpu"
             self.log.header(self.function, self.comm.world, device, self.timer.kind)
 
+    def _log_compiles(self, stats: CallRecord) -> None:
+        totals = compile_totals(stats.compiles, stats.first_slot_s)
+        line = compile_line(totals)
+        self.log.write("compile", f"=== {self.function}: {line}", function=self.function, **totals)
+        self.log.summary(f"{self.function}: {line}")
+
     def close(self, stats: CallRecord, started: float, exc_type: type[BaseException] | None = None,
               exc: BaseException | None = None) -> None:
         """Release what was built, and log the call's end if anything was logged."""
@@ -116,6 +122,8 @@ class CallServices:
         if "progress" in self.__dict__:
             self.progress.clear()
         stats.wall_s = time.perf_counter() - started
+        if self.logged_header and stats.compiles:
+            self._log_compiles(stats)
         if self.logged_header:
             self.log.write("end", f"=== {self.function}: {stats.executions} executions, "
                            f"{stats.wall_s:.3f} s, {len(stats.tuned)} keys tuned"
@@ -136,6 +144,9 @@ class CallRecord(Protocol):
     stored: list[str]  # tuning-cache entries written
     met: dict[tuple[str, tuple], dict[str, Any]]  # (kernel, key) of every key met -> its values by name
     point: dict[str, Any] | None
+    compiles: list[dict[str, Any]]  # one per key precompiled (executor._precompiled)
+    first_launch_at: float | None
+    first_slot_s: float | None
 
 
 @dataclass(frozen=True)

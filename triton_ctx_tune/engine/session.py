@@ -49,6 +49,10 @@ class CallStats:
     stored: list[str] = field(default_factory=list)  # tuning-cache entries this call wrote (rank 0)
     # every (kernel, key) this tuning call met, with the key's values by name (tune_ahead checks inputs with it)
     met: dict[tuple[str, tuple], dict[str, Any]] = field(default_factory=dict)
+    # one per key precompiled in the call (executor._precompiled): where its configs compiled, and when
+    compiles: list[dict[str, Any]] = field(default_factory=list)
+    first_launch_at: float | None = None  # perf_counter at the first launch of a key this call tuned
+    first_slot_s: float | None = None  # from that launch to the call's first timed slot
 
 
 class Session:

@@ -5,13 +5,20 @@ Triton release means reading its runtime/autotuner.py and touching this file alo
 """
 from __future__ import annotations
 
+import ast
+import builtins
+import hashlib
 import importlib
 import inspect
+import linecache
 import os
+import pickle
 import re
 import sys
 import textwrap
+import threading
 import traceback
+import types
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,8 +38,9 @@ __all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "interpret_mode
            "config_failure_reason", "kernel_name", "JitInfo", "jit_info", "jit_function",
            "inner_heuristics", "constexpr_value", "aggregate_members", "is_triton_builtin",
            "autotuner_definition", "autotuner_hooks", "explain_error", "interpreter_numpy_note",
-           "config_to_dict", "config_str", "print_autotuning", "notify_listener", "LaunchSpec", "TensorStandIn",
-           "describe_compile", "compile_target", "use_compile_only_driver", "compile_described", "triton_cache_dir"]
+           "config_to_dict", "config_str", "print_autotuning", "notify_listener", "LaunchSpec", "ShippedFunction",
+           "capture_compile", "describe_compile", "Described", "in_disk_cache", "knob",
+           "compile_target", "use_compile_only_driver", "compile_described", "triton_cache_dir"]
 
 TRITON_VERSION: str = triton.__version__
 SUPPORTED = ((3, 4), (3, 9))
@@ -560,120 +568,279 @@ def explain_error(exc: BaseException) -> None:
 
 # ---- compiling in another process (compile_workers.py) -----------------------------------------
 #
-# A compile worker is a fresh Python process that never touches the GPU: it compiles for the
-# parent's target through a driver that only names that target, and Triton's own JITFunction.run
-# (warmup=True) does the rest, so the binary lands in Triton's disk cache under the very key the
-# parent's later compile-only launch computes: same JIT function (checked by its cache_key), same
-# specialization (a tensor becomes a stand-in with its dtype and 16-byte alignment, the only things
-# Triton specializes a tensor on), same options (the config's, the heuristics' values, the TRITON_*
-# environment) and same target.
-
-
-class TensorStandIn:
-    """A tensor argument as Triton's specialization sees it: a dtype and a pointer aligned to 16 bytes or not."""
-
-    def __init__(self, dtype: Any, aligned: bool) -> None:
-        self.dtype = dtype
-        self.aligned = aligned
-
-    def data_ptr(self) -> int:
-        return 0 if self.aligned else 8
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """One config's compile-only launch, picklable: where its JIT function lives and what it is called with."""
-    module: str
-    attr: str  # module.attr is the autotuner, a heuristics() layer or the JIT function itself
-    depth: int  # .fn hops from module.attr down to the JIT function
-    jit_key: str  # the parent's JITFunction.cache_key: the worker must compile this very code
-    args: tuple
-    kwargs: dict[str, Any]
-    env: dict[str, str]  # the parent's TRITON_* variables: some change the compiled code, all the cache key
-    cache_dir: str
-    sys_path: tuple[str, ...]  # where the parent imports from (a script may have added its own folders)
+# A compile worker is a fresh Python process that never touches the GPU and never imports the user's
+# kernel library (FLA asks the GPU for its name at import; a kernel built in a function, or in
+# __main__, cannot be imported at all). The parent ships what Triton compiles instead: it runs its own
+# compile-only launch (JITFunction.run(warmup=True)) up to the call of `compile(src, target, options)`
+# and takes those three there, so the signature, constexprs, specialization attributes and options are
+# Triton's own in every version. The kernel travels as source: every @triton.jit function it reaches,
+# with the globals it reads (values, Triton's modules and builtins, other shipped functions). The worker
+# rebuilds the functions at their own file and line (line info in the binary is the parent's) and
+# compiles an ASTSource whose hash() is the parent's, so the binary lands in Triton's disk cache under
+# the very key the parent's compile-only launch then looks up.
 
 
 class _NotDescribable(Exception):
     pass
 
 
-def _stand_in(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return TensorStandIn(value.dtype, value.data_ptr() % 16 == 0)
-    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, triton.language.dtype)):
-        return value
-    if isinstance(value, tuple):
-        return tuple(_stand_in(v) for v in value)
-    if isinstance(value, triton.language.constexpr):
-        return triton.language.constexpr(_stand_in(value.value))
-    raise _NotDescribable(type(value).__name__)  # a TensorDescriptor, a JIT function, a user object
+class _Captured(Exception):  # noqa: N818 (a signal, raised through Triton's run)
+    def __init__(self, src: Any, target: Any, options: dict[str, Any]) -> None:
+        super().__init__()
+        self.src, self.target, self.options = src, target, options
 
 
-def _module_attr(jit: Any, module_name: str) -> tuple[str, int] | None:
-    """A module attribute whose `.fn` chain reaches `jit`, and how many hops: how a worker finds the kernel.
-
-    The attribute may be the JIT function, the autotuner or any wrapper around it (a library that
-    puts @triton.heuristics outside @triton.autotune exports the heuristics); the worker needs only
-    the JIT function, since the parent has already run the heuristics.
-    """
-    module = sys.modules.get(module_name)
-    if module is None or module_name in ("__main__", "__mp_main__"):
-        return None  # a fresh process cannot import the parent's main script as the parent did
-    for name, value in list(vars(module).items()):
-        obj, hops = value, 0
-        while obj is not None and hops < 8:
-            if obj is jit:
-                return name, hops
-            try:
-                obj, hops = getattr(obj, "fn", None), hops + 1
-            except Exception:  # noqa: BLE001 (an unrelated attribute whose `fn` is a property that raises anything)
-                break
-    return None  # built inside a function, kept in a dict: a fresh process cannot find it
+_capture = threading.local()
 
 
-def kernel_modules(at: Autotuner) -> tuple[str, ...]:
-    """The module a compile worker would import to find this kernel (none when it cannot)."""
+def _capturing_compile(real: Callable[..., Any]) -> Callable[..., Any]:
+    def compile_or_capture(src: Any, target: Any = None, options: Any = None, **kw: Any) -> Any:
+        if getattr(_capture, "on", False):
+            raise _Captured(src, target, dict(options or {}))
+        return real(src, target=target, options=options, **kw)
+    compile_or_capture._ctx_tune_real = real  # type: ignore[attr-defined]
+    return compile_or_capture
+
+
+def capture_compile(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any],
+                    ) -> tuple[Any, Any, dict[str, Any]] | None:
+    """What compile_only(at, [config], args, kwargs) would hand Triton's compile(): (ASTSource, target,
+    options), taken from Triton's own JITFunction.run without compiling; None when this process has the
+    binary already (its launch is a cache hit in memory)."""
     fn = jit_function(at)
-    module = getattr(getattr(fn, "fn", None), "__module__", None)
-    return () if module in (None, "__main__", "__mp_main__") else (module,)
-
-
-def describe_compile(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any]) -> LaunchSpec | None:
-    """compile_only(at, [config], args, kwargs) as a LaunchSpec, or None when another process cannot redo it.
-
-    heuristics() run here, as Heuristics.run would run them on that launch (warmup=True included),
-    so their values are the parent's and the worker never sees a real argument.
-    """
-    chain: list[Any] = [at]
-    while isinstance(chain[-1].fn, Heuristics):
-        chain.append(chain[-1].fn)
-    fn = chain[-1].fn
-    chain.append(fn)
     if not isinstance(fn, triton.runtime.jit.JITFunction):
-        return None  # the interpreter's InterpretedFunction, or a wrapper this code does not know
-    module = fn.fn.__module__
-    where = _module_attr(fn, module)
-    if where is None:
-        return None
-    kw = {k: v for k, v in kwargs.items() if k != "warmup"}
-    _check_conflicts(config, kw)
-    args, kw = hooked_launch_args(at, config, args, kw)  # raises SignatureUnknown: the caller's to report
-    current = {**kw, "warmup": True, **config.all_kwargs()}
-    for layer in chain[1:-1]:
-        for name, heur in layer.values.items():
-            current[name] = heur({**dict(zip(layer.arg_names, args)), **current})
-    final = {k: v for k, v in current.items() if k not in ("warmup", "grid")}
+        raise _NotDescribable("not a compiled JIT function")
+    from triton.runtime import driver
+
+    with _CAPTURE_LOCK:  # two threads' first access would both run create_binder, the second unwrapping compile
+        fn.device_caches[driver.active.get_current_device()]  # create_binder sets fn.compile: wrap it after
+        current = fn.__dict__.get("compile")
+        if current is None:
+            raise _NotDescribable("this Triton keeps no compile() on the JIT function")
+        if getattr(current, "_ctx_tune_real", None) is None:
+            fn.compile = _capturing_compile(current)
+    _capture.on = True
     try:
-        described_args = tuple(_stand_in(a) for a in args)
-        described_kwargs = {k: _stand_in(v) for k, v in final.items()}
-    except _NotDescribable:
-        return None
+        compile_only(at, [config], args, kwargs)
+    except _Captured as c:
+        return c.src, c.target, c.options
+    finally:
+        _capture.on = False
+    if getattr(fn.__dict__.get("compile"), "_ctx_tune_real", None) is None:
+        # Another thread's first launch on another device rebuilt the binder meanwhile: the launch above may
+        # have compiled here. Counted as compiled here, not as a cache hit.
+        raise _NotDescribable("compiled in this process: Triton rebuilt the kernel's binder meanwhile")
+    return None
+
+
+_CAPTURE_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class ShippedFunction:
+    """One @triton.jit (or constexpr) function as source, with what its body reads."""
+    kind: str  # "jit" or "constexpr"
+    module: str
+    qualname: str
+    filename: str
+    first_line: int  # where the raw lines below start in `filename` (decorators included)
+    raw_lines: tuple[str, ...]  # inspect.getsourcelines(fn), as the parent reads them
+    def_offset: int  # lines from first_line to `def`
+    future_annotations: bool
+    options: dict[str, Any]  # noinline, debug
+    scope: dict[str, tuple]  # name -> ("value", v) | ("jit", index) | ("module", name) | ("pickle", bytes)
+    #                                  | ("namespace", {attr: description})
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One config's compile, picklable, needing nothing of the kernel's module: see above."""
+    kernel: str  # the kernel's name, for logs
+    functions: tuple[ShippedFunction, ...]  # [0] is the kernel
+    signature: dict[str, Any]
+    constexprs: dict[Any, tuple]  # path -> a description, as scope values
+    attrs: dict[Any, Any]
+    options: dict[str, Any]
+    target: Any
+    src_hash: str  # the parent's ASTSource.hash(): the cache key's part that names the code
+    env: dict[str, str]  # the parent's TRITON_* variables: some change the compiled code, all the cache key
+    cache_dir: str
+
+
+_FUTURE_ANNOTATIONS = 0x1000000  # __future__.annotations.compiler_flag
+
+
+def _picklable(value: Any) -> tuple:
+    module = getattr(value, "__module__", None)
+    qualname = getattr(value, "__qualname__", "") or ""
+    if (callable(value) or isinstance(value, type)) and (module in (None, "__main__", "__mp_main__")
+                                                          or "<locals>" in qualname):
+        raise _NotDescribable(f"{qualname or type(value).__name__}: defined where a fresh process cannot import it")
+    try:
+        return ("pickle", pickle.dumps(value))
+    except Exception as e:  # noqa: BLE001 (anything pickle raises: the value cannot travel)
+        raise _NotDescribable(f"{type(value).__name__}: {e}") from None
+
+
+class _Shipper:
+    def __init__(self) -> None:
+        self.functions: list[ShippedFunction | None] = []
+        self._index: dict[int, int] = {}
+
+    def function(self, obj: Any) -> int:
+        func = getattr(obj, "__func__", None)
+        if isinstance(func, _JitBase):
+            raise _NotDescribable("a bound constexpr_function")
+        if id(obj) in self._index:
+            return self._index[id(obj)]
+        if isinstance(obj, triton.runtime.jit.JITFunction):
+            kind = "jit"
+        elif isinstance(obj, _JitBase) and hasattr(triton, "constexpr_function"):
+            kind = "constexpr"
+        else:
+            raise _NotDescribable(type(obj).__name__)
+        index = len(self.functions)
+        self._index[id(obj)] = index
+        self.functions.append(None)
+        py = obj.fn
+        try:
+            raw, first = inspect.getsourcelines(py)
+        except (OSError, TypeError) as e:
+            raise _NotDescribable(f"{py.__qualname__}: no source ({e})") from None
+        def_offset = next((i for i, line in enumerate(raw) if re.match(r"\s*def\s", line)), 0)
+        names, chains = _referenced(obj.src)
+        closure = dict(zip(py.__code__.co_freevars, (c.cell_contents for c in py.__closure__ or ())))
+        scope: dict[str, tuple] = {}
+        for name in sorted(names):
+            if name in closure:
+                value = closure[name]
+            elif name in py.__globals__:
+                value = py.__globals__[name]
+            else:
+                continue  # a local, an argument or a builtin
+            scope[name] = self.value(value, chains.get(name, set()))
+        options = {k: getattr(obj, k, None) for k in ("noinline", "debug")}
+        self.functions[index] = ShippedFunction(
+            kind, py.__module__, py.__qualname__, py.__code__.co_filename, first, tuple(raw), def_offset,
+            bool(py.__code__.co_flags & _FUTURE_ANNOTATIONS), options, scope)
+        return index
+
+    def value(self, value: Any, attrs: set[tuple[str, ...]] = frozenset()) -> tuple:  # type: ignore[assignment]
+        if isinstance(value, _JitBase) or isinstance(getattr(value, "__func__", None), _JitBase):
+            return ("jit", self.function(value))
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return ("value", value)
+        if isinstance(value, types.ModuleType):
+            name = value.__name__
+            if name == "triton" or name.startswith("triton.") or name.split(".")[0] in sys.stdlib_module_names:
+                return ("module", name)
+            members: dict[str, tuple] = {}
+            for chain in attrs:
+                if chain and chain[0] not in members and hasattr(value, chain[0]):
+                    rest = {c[1:] for c in attrs if c and c[0] == chain[0] and len(c) > 1}
+                    members[chain[0]] = self.value(getattr(value, chain[0]), rest)
+            return ("namespace", members)
+        return _picklable(value)
+
+
+def _referenced(src: str) -> tuple[set[str], dict[str, set[tuple[str, ...]]]]:
+    """The names a function's body reads, and the attribute chains read from each (a module's members)."""
+    names: set[str] = set()
+    chains: dict[str, set[tuple[str, ...]]] = {}
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            path: list[str] = []
+            inner: ast.expr = node
+            while isinstance(inner, ast.Attribute):
+                path.append(inner.attr)
+                inner = inner.value
+            if isinstance(inner, ast.Name):
+                chains.setdefault(inner.id, set()).add(tuple(reversed(path)))
+    return names, chains
+
+
+def in_disk_cache(src: Any, target: Any, options: dict[str, Any]) -> bool:
+    """Whether Triton's compile(src, target, options) would find its binary in the disk cache (3.4 to 3.9
+    key it alike: the compiler, the source's hash, the backend, the options and the cache-invalidating
+    environment)."""
+    from triton.compiler.compiler import get_cache_invalidating_env_vars, make_backend
+    from triton.runtime.cache import get_cache_manager
+
+    triton_key = next(fn for fn in (getattr(importlib.import_module(m), "triton_key", None)  # 3.9's home, then 3.4's
+                                    for m in ("triton.runtime.cache", "triton.compiler.compiler")) if fn is not None)
+
+    if knob("compilation", "always_compile"):
+        return False
+    backend = make_backend(target)
+    parsed = backend.parse_options(dict(options, **src.parse_options()))
+    env_vars = get_cache_invalidating_env_vars()
+    key = f"{triton_key()}-{src.hash()}-{backend.hash()}-{parsed.hash()}-{str(sorted(env_vars.items()))}"
+    group = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(f"{src.name[:150]}.json")
+    return bool(group) and f"{src.name[:150]}.json" in group
+
+
+def knob(group: str, name: str) -> Any:
+    return getattr(getattr(getattr(triton, "knobs", None), group, None), name, None)
+
+
+@dataclass(frozen=True)
+class Described:
+    """What precompile knows of a config before it compiles it."""
+    spec: LaunchSpec | None  # for a compile worker; None when cached or not describable
+    cached: bool  # in this process's memory or in Triton's disk cache: the compile-only launch is a hit
+    reason: str | None = None  # why no worker can compile it (spec None, not cached)
+
+
+# A kernel's shipped functions, walked once (JIT functions live as long as their module: id() stays theirs).
+_SHIPPERS: dict[int, tuple[Any, _Shipper]] = {}
+_SHIPPERS_LOCK = threading.Lock()
+
+
+def _compile_env() -> dict[str, str]:
+    """The environment a worker must share: TRITON_*, and every variable Triton's cache key reads."""
+    from triton.compiler.compiler import get_cache_invalidating_env_vars
+
     env = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
-    return LaunchSpec(module, where[0], where[1], fn.cache_key, described_args, described_kwargs, env,
-                      triton_cache_dir(), tuple(sys.path))
+    env.update({k: os.environ[k] for k in get_cache_invalidating_env_vars() if k in os.environ})
+    return env
+
+
+def describe_compile(at: Autotuner, config: Config, args: Sequence[Any], kwargs: dict[str, Any],
+                     ship: bool = True) -> Described:
+    """compile_only(at, [config], args, kwargs) as a LaunchSpec for a compile worker, or why not: the binary is
+    cached already (in memory or on disk), or no other process can compile it (the reason). `ship=False`: only
+    whether it is cached (no LaunchSpec is built)."""
+    try:
+        captured = capture_compile(at, config, args, kwargs)
+        if captured is None:
+            return Described(None, True)
+        src, target, options = captured
+        if in_disk_cache(src, target, options):
+            return Described(None, True)
+        if not ship:
+            return Described(None, False)
+        if getattr(triton.knobs.runtime, "add_stages_inspection_hook", None) is not None:
+            raise _NotDescribable("a stages-inspection hook is set (knobs.runtime.add_stages_inspection_hook)")
+        with _SHIPPERS_LOCK:  # one walk of the kernel's functions for all its configs
+            held = _SHIPPERS.get(id(src.fn))
+            if held is None or held[0] is not src.fn:
+                shipper = _Shipper()
+                shipper.function(src.fn)
+                _SHIPPERS[id(src.fn)] = (src.fn, shipper)
+            else:
+                shipper = held[1]
+            constexprs = {path: shipper.value(v) for path, v in src.constants.items()}
+            functions = tuple(f for f in shipper.functions if f is not None)
+        spec = LaunchSpec(kernel_name(at), functions, dict(src.signature), constexprs, dict(src.attrs), options,
+                          target, src.hash(), _compile_env(), triton_cache_dir())
+        pickle.dumps(spec)  # everything in it travels, or the reason is known here
+        return Described(spec, False)
+    except _NotDescribable as e:
+        return Described(None, False, str(e))
+    except (pickle.PicklingError, TypeError, AttributeError) as e:
+        return Described(None, False, f"{type(e).__name__}: {e}")
 
 
 def compile_target() -> Any:
@@ -719,7 +886,10 @@ def use_compile_only_driver(target: Any) -> None:
 
 
 def _sync_environment(spec: LaunchSpec) -> None:
-    for k in [k for k in os.environ if k.startswith("TRITON_") and k not in spec.env]:
+    from triton.compiler.compiler import get_cache_invalidating_env_vars
+
+    keyed = set(get_cache_invalidating_env_vars())
+    for k in [k for k in os.environ if (k.startswith("TRITON_") or k in keyed) and k not in spec.env]:
         del os.environ[k]
     os.environ.update(spec.env)
     try:
@@ -728,17 +898,89 @@ def _sync_environment(spec: LaunchSpec) -> None:
         os.environ["TRITON_CACHE_DIR"] = spec.cache_dir
 
 
-def compile_described(spec: LaunchSpec) -> None:
-    """In a compile worker: the compile-only launch `spec` describes (its binary lands in Triton's cache)."""
-    import importlib
+# In a worker: the functions rebuilt so far, by (module, qualname, source), reused by every later config.
+_REBUILT: dict[tuple[str, str, tuple[str, ...]], Any] = {}
 
+
+_GAP = "pass\n"
+
+
+def _place_source(f: ShippedFunction) -> None:
+    """Put f's lines in linecache at its place in its file, so that inspect (Triton's JITFunction) reads them
+    there, and the binary's line info is the parent's."""
+    entry = linecache.cache.get(f.filename)
+    lines = list(entry[2]) if entry is not None and len(entry) == 4 and entry[1] is None else []
+    end = f.first_line - 1 + len(f.raw_lines)
+    # The lines no shipped function covers: a statement at column 0, so that inspect's block of each function
+    # ends where it ends in the real file (blank lines would let a one-line def, or a body followed by another
+    # function's indented lines, run on into the next function's).
+    lines += [_GAP] * (end + 1 - len(lines))
+    lines[f.first_line - 1:end] = [line if line.endswith("\n") else line + "\n" for line in f.raw_lines]
+    linecache.cache[f.filename] = (sum(map(len, lines)), None, lines, f.filename)
+
+
+def _resolve(description: tuple, built: list[Any]) -> Any:
+    kind, payload = description
+    if kind == "value":
+        return payload
+    if kind == "jit":
+        return built[payload]
+    if kind == "module":
+        return importlib.import_module(payload)
+    if kind == "pickle":
+        return pickle.loads(payload)
+    namespace = types.SimpleNamespace()
+    for name, member in payload.items():
+        setattr(namespace, name, _resolve(member, built))
+    return namespace
+
+
+def _rebuild(functions: tuple[ShippedFunction, ...]) -> list[Any]:
+    """The shipped functions as JIT (and constexpr) functions of this process; [0] is the kernel."""
+    built: list[Any] = [_REBUILT.get((f.module, f.qualname, f.raw_lines)) for f in functions]
+    fresh = [i for i, b in enumerate(built) if b is None]
+    spaces: dict[int, dict[str, Any]] = {}
+    for i in fresh:
+        f = functions[i]
+        _place_source(f)
+        space: dict[str, Any] = {"__name__": f.module, "__builtins__": builtins}
+        # Values first: annotations (tl.constexpr) are evaluated when the def runs.
+        space.update({k: _resolve(d, built) for k, d in f.scope.items() if d[0] != "jit"})
+        body = textwrap.dedent("".join(f.raw_lines[f.def_offset:]))
+        code = compile("\n" * (f.first_line - 1 + f.def_offset) + body, f.filename, "exec",
+                       flags=_FUTURE_ANNOTATIONS if f.future_annotations else 0, dont_inherit=True)
+        exec(code, space)  # noqa: S102 (the parent's own kernel source, as Triton itself compiles it)
+        py = space[f.qualname.rsplit(".", 1)[-1]]
+        py.__qualname__ = f.qualname
+        spaces[i] = space
+        if f.kind == "jit":
+            built[i] = triton.runtime.jit.JITFunction(py, noinline=f.options.get("noinline"),
+                                                      debug=f.options.get("debug"))
+        else:
+            built[i] = triton.constexpr_function(py)
+    for i in fresh:
+        f = functions[i]
+        spaces[i].update({k: built[d[1]] for k, d in f.scope.items() if d[0] == "jit"})
+        _REBUILT[(f.module, f.qualname, f.raw_lines)] = built[i]
+    return built
+
+
+class _ShippedSource(triton.compiler.ASTSource):
+    """The parent's ASTSource, rebuilt here: its hash() is the parent's, so the cache key is too."""
+
+    def __init__(self, fn: Any, signature: dict[str, Any], constexprs: dict[Any, Any], attrs: dict[Any, Any],
+                 src_hash: str) -> None:
+        super().__init__(fn, signature, constexprs, attrs)
+        self._parent_hash = src_hash
+
+    def hash(self) -> str:
+        return self._parent_hash
+
+
+def compile_described(spec: LaunchSpec) -> None:
+    """In a compile worker: Triton's compile of what `spec` describes (its binary lands in Triton's cache)."""
     _sync_environment(spec)
-    if tuple(sys.path) != spec.sys_path:
-        sys.path[:] = spec.sys_path
-    obj = getattr(importlib.import_module(spec.module), spec.attr)
-    for _ in range(spec.depth):
-        obj = obj.fn
-    if obj.cache_key != spec.jit_key:
-        raise RuntimeError(f"{spec.module}.{spec.attr}: the code imported here differs from the parent's "
-                           "(its source or globals were changed at run time)")
-    obj.run(*spec.args, grid=(1,), warmup=True, **spec.kwargs)
+    built = _rebuild(spec.functions)
+    constexprs = {path: _resolve(d, built) for path, d in spec.constexprs.items()}
+    src = _ShippedSource(built[0], spec.signature, constexprs, spec.attrs, spec.src_hash)
+    triton.compile(src, target=spec.target, options=spec.options)

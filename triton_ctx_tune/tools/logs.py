@@ -44,8 +44,18 @@ EVENTS: dict[str, EventSpec] = dict([
     _spec("end", "a tuning call ends, or is stopped by an error", "function", "executions", "wall_s", "error"),
     # failures: excluded on every rank (timeouts, crashed workers); rejected: compile errors, which the launch
     # path retries with the real arguments; skipped: configs whose signature only their launch knows.
+    # places: config index -> "workers" (a compile worker), "here" (this process), "ranks" (another local rank's
+    # share, loaded from the shared cache at the step's end), "cache" (Triton's cache had it already); counts:
+    # configs per place; compile_s: the sum of their own compile times; wall_s: from the key's
+    # first launch to its last config's end; parallelism: compile_s / wall_s; undescribed: configs no worker
+    # could take, and why; stolen: other local ranks' configs this rank's workers compiled ahead.
     _spec("precompile", "a key's configs compiled in the background", "kernel", "key", "mine", "seconds", "failures",
-          "rejected", "skipped", "by_workers", "workers", "ran_meanwhile"),
+          "rejected", "skipped", "by_workers", "workers", "ran_meanwhile", "places", "counts", "compile_s", "wall_s",
+          "parallelism", "undescribed", "stolen"),
+    _spec("compile", "a call's compiles over all its keys: configs per place, the sum of their compile times, the "
+          "wall time and their ratio; first_slot_s: from the first launch of a key tuned to the first timed slot",
+          "function", "keys", "configs", "workers", "here", "ranks", "cache", "pool", "compile_s", "wall_s",
+          "parallelism", "first_slot_s"),
     _spec("precompile-disagreed", "a config precompile rejected whose launch compiled and ran: precompile built "
           "another signature than the launch", "kernel", "key", "config_index", "config", "precompile_reason"),
     _spec("quarantine", "a key skips configs that killed an earlier process", "kernel", "key", "configs"),
@@ -100,6 +110,26 @@ EVENTS: dict[str, EventSpec] = dict([
 
 class UnknownEventError(ValueError):
     """A log event of a kind EVENTS does not declare, or missing a field its kind always carries."""
+
+
+def compile_totals(compiles: list[dict[str, Any]], first_slot_s: float | None) -> dict[str, Any]:
+    """The call's compile line from its keys' precompiles: configs by place, the sum of their own compile
+    times, the wall time from the first key's start to the last config's end, and their ratio."""
+    counts = {p: sum(c["counts"].get(p, 0) for c in compiles) for p in ("workers", "here", "ranks", "cache")}
+    compile_s = sum(c["compile_s"] for c in compiles)
+    wall_s = max(c["ended"] for c in compiles) - min(c["started"] for c in compiles)
+    workers = max((c["pool"] for c in compiles), default=0)
+    return {"keys": len(compiles), "configs": sum(counts.values()), **counts, "pool": workers,
+            "compile_s": compile_s, "wall_s": wall_s, "parallelism": compile_s / wall_s if wall_s > 0 else None,
+            "first_slot_s": first_slot_s}
+
+
+def compile_line(t: dict[str, Any]) -> str:
+    par = "-" if t["parallelism"] is None else f"{t['parallelism']:.1f}x"
+    first = "" if t["first_slot_s"] is None else f"; first timed slot {t['first_slot_s']:.1f} s after the first launch"
+    ranks = f"{t['ranks']} by other local ranks, " if t.get("ranks") else ""
+    return (f"compile: {t['configs']} configs, {t['workers']} in {t['pool']} workers, {t['here']} in-process, "
+            f"{ranks}{t['cache']} from disk cache, parallelism {par}, {t['wall_s']:.1f} s{first}")
 
 
 def fmt_ms(ms: float | None) -> str:

@@ -5,7 +5,8 @@ The event kinds are declared in logs.EVENTS; the report reads "call" (a tuning c
 are the writer's own), "point-decision" (a function-level winner), "cache-hit" (a winner read
 from the persistent cache or a shipped config file, its source says which; rank 0's event carries
 the whole entry), "incremental" (what a key re-tuned after a config-list change timed and carried
-over), "freeze-miss" and "tune-ahead" (serving), "error" (no valid config) and "end" (_READERS),
+over), "freeze-miss" and "tune-ahead" (serving), "error" (no valid config), "end", "precompile" (where a
+key's configs compiled) and "compile" (the call's compile line) (_READERS),
 and says in IGNORED why it reads no other kind. Logs are appended to across runs, so the latest
 event of a key wins.
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CtxTuneError, MissingDependencyError
-from .logs import EVENTS, ahead_table
+from .logs import EVENTS, ahead_table, compile_line
 
 _RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")
 
@@ -68,6 +69,7 @@ class KeyReport:
     unexplored: list[int] = field(default_factory=list)  # a budgeted search never ran them (engine/budget.py)
     # Incremental re-tuning (store/incremental.py): what was timed and carried over, and the scale.
     incremental: dict[str, Any] | None = None
+    compile: dict[str, Any] | None = None  # the key's last "precompile" event: where its configs compiled
     carried: list[int] = field(default_factory=list)  # configs whose times are carried over, not measured
 
 
@@ -81,6 +83,7 @@ class CallReport:
     executions: int = 0
     wall_s: float = 0.0
     errors: list[str] = field(default_factory=list)
+    compile: dict[str, Any] | None = None  # the last "compile" event of the function (its last tuning call)
 
 
 @dataclass
@@ -285,7 +288,15 @@ class _Story:
     function: str | None = None  # the function of the last "call" event: the keys after it are its
     frozen: dict[tuple[str, str], FreezeMiss] = field(default_factory=dict)
     ahead: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    precompiles: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # until the key's decision
     disagreed: dict[str, list[str]] = field(default_factory=dict)
+
+    def precompile(self, e: dict[str, Any]) -> None:
+        self.precompiles[(e["kernel"], repr(tuple(e["key"])))] = e
+
+    def compile(self, e: dict[str, Any]) -> None:
+        c = self.calls.setdefault(e.get("function") or "?", CallReport(e.get("function") or "?"))
+        c.compile = e
 
     def precompile_disagreed(self, e: dict[str, Any]) -> None:
         self.disagreed.setdefault(e["kernel"], []).append(f"key={tuple(e['key'])!r} {{{e['config']}}}: "
@@ -357,6 +368,7 @@ class _Story:
             r = KeyReport(e["kernel"], repr(tuple(e["key"])), self.function, "error", error=dict(e.get("failures", {})))
         previous = self.keys.get((r.kernel, r.key))
         r.occurrences = 1 + (previous.occurrences if previous else 0)
+        r.compile = self.precompiles.get((r.kernel, r.key)) or (previous.compile if previous else None)
         self.keys[(r.kernel, r.key)] = r
 
 
@@ -373,10 +385,11 @@ _READERS: dict[str, Callable[[_Story, dict[str, Any]], None]] = {
     "freeze-miss": _Story.freeze_miss,
     "tune-ahead": _Story.tune_ahead,
     "incremental": _Story.incremental,
+    "precompile": _Story.precompile,
+    "compile": _Story.compile,
     "precompile-disagreed": _Story.precompile_disagreed,
 }
 IGNORED: dict[str, str] = {
-    "precompile": "compile times; a config that failed to compile fails in its key's decision, with the reason",
     "quarantine": "skipped configs; they fail in the key's decision with the quarantine's reason",
     "quarantine-recovered": "what an earlier, dead process left: it names the config, which the next "
                             "quarantine event of its key skips",
@@ -560,6 +573,8 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
                 else "unknown")
     if r.source == "tuned":
         lines.append(f"  tuning     decided after {original}")
+        if r.compile is not None and "counts" in r.compile:
+            lines.append(f"  compile    {precompile_text(r.compile)}")
     elif from_log:
         lines.append(f"  tuning     none in this run (cache hit); the original tuning took {original}")
     else:
@@ -676,6 +691,18 @@ def format_serving(report: Report) -> list[str]:
     return out
 
 
+def precompile_text(e: dict[str, Any]) -> str:
+    """A key's precompile event in words: configs per place, compile time summed, wall time, parallelism."""
+    n = e["counts"]
+    par = "-" if e.get("parallelism") is None else f"{e['parallelism']:.1f}x"
+    ranks = f"{n['ranks']} by other local ranks, " if n.get("ranks") else ""
+    text = (f"{sum(n.values())} configs: {n['workers']} by workers, {n['here']} in-process, {ranks}{n['cache']} "
+            f"from Triton's cache; {e['compile_s']:.2f} s of compiles in {e['wall_s']:.2f} s (parallelism {par})")
+    if e.get("undescribed"):
+        text += f"; {len(e['undescribed'])} no worker could take: " + next(iter(e["undescribed"].values()))
+    return text
+
+
 def format_report(report: Report) -> str:
     out = [f"triton_ctx_tune report: {report.log_dir} (ranks {', '.join(map(str, report.ranks))})", ""]
     if report.calls:
@@ -683,6 +710,9 @@ def format_report(report: Report) -> str:
         for c in report.calls.values():
             out.append(f"  {c.function:<40} {c.calls:>5} {c.executions:>10} {c.wall_s:>8.2f} {c.world:>5}  "
                        f"{c.device}/{c.timer}" + (f"  ({len(c.errors)} stopped by an error)" if c.errors else ""))
+        for c in report.calls.values():
+            if c.compile is not None:
+                out.append(f"  {c.function}: {compile_line(c.compile)}")
         out.append("")
     for f in report.functions.values():
         out.extend(format_points(f))
