@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,18 @@ def fla(arm: str, world: int, rep: int, out: Path, args: argparse.Namespace) -> 
     return row
 
 
+
+def mlp_cold_rows(x: Any) -> Iterator[dict[str, Any]]:
+    """The rows of bench_mlp.py's JSON that hold a cold tuning figure (ours_cold_s), wherever they nest."""
+    if isinstance(x, dict):
+        if "ours_cold_s" in x:
+            yield x
+        for v in x.values():
+            yield from mlp_cold_rows(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from mlp_cold_rows(v)
+
 def mlp(arm: str, world: int, rep: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     name = f"mlp-{arm}-{world}r-{rep}"
     run_dir = out / name
@@ -137,18 +150,8 @@ def mlp(arm: str, world: int, rep: int, out: Path, args: argparse.Namespace) -> 
     row: dict[str, Any] = {"op": "mlp", "arm": arm, "world": world, "repeat": rep, "rc": code, "job_s": wall,
                            "compile": _compile_lines(text)}
 
-    def find(x: Any) -> Any:
-        if isinstance(x, dict):
-            if "ours_cold_s" in x:
-                yield x
-            for v in x.values():
-                yield from find(v)
-        elif isinstance(x, list):
-            for v in x:
-                yield from find(v)
-
     for f in sorted(run_dir.glob("*.json")):
-        for r in find(json.loads(f.read_text())):
+        for r in mlp_cold_rows(json.loads(f.read_text())):
             row.update(cold_s=r.get("ours_cold_s"), warm_s=r.get("ours_warm_s"), executions=r.get("ours_executions"),
                        plain_cold_s=r.get("vanilla_cold_s"))
             break

@@ -24,17 +24,10 @@ for r in $(seq "$REPEATS"); do
         --out "$OUT/mlp-$arm-$r" > "$OUT/mlp-$arm-$r.log" 2>&1
       python3 - "$OUT/mlp-$arm-$r" "$arm" <<'PY'
 import json, pathlib, sys
-def find(x):
-    if isinstance(x, dict):
-        if "ours_cold_s" in x:
-            yield x
-        for v in x.values():
-            yield from find(v)
-    elif isinstance(x, list):
-        for v in x:
-            yield from find(v)
+sys.path.insert(0, "benchmarks")
+from bench_compile_node import mlp_cold_rows
 for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
-    for row in find(json.loads(f.read_text())):
+    for row in mlp_cold_rows(json.loads(f.read_text())):
         print("MLP", sys.argv[2], row.get("ours_cold_s"), row.get("ours_warm_s"), row.get("ours_executions"))
 PY
     fi

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import triton
 import triton.language as tl
 from triton.compiler.errors import CompileTimeAssertionFailure
 
 from tests.kernels import SLOW_MS, spend
+from triton_ctx_tune import contextual_autotune
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -75,3 +77,17 @@ desc_double_failing = _kernel(_always_fails)
 def launch(kernel: Any, x: Any, y: Any) -> None:
     n = x.numel()
     kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](descriptor(x), y, n)
+
+
+def doubling_op(kernel: Any, **opts: Any) -> tuple[Any, list[int]]:
+    """y = 2 * x by one launch of `kernel`, under contextual_autotune(**opts) with short steps; the list counts
+    the function's executions."""
+    executions = [0]
+
+    @contextual_autotune(n_warmup=1, n_repeat=2, early_stop=False, cache=False, **opts)
+    def op(x: torch.Tensor) -> torch.Tensor:
+        executions[0] += 1
+        y = torch.empty_like(x)
+        launch(kernel, x, y)
+        return y
+    return op, executions

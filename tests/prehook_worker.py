@@ -13,23 +13,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.dist_worker import main, rank  # noqa: E402
 from tests.kernels import DEVICE  # noqa: E402
-from tests.prehook_kernels import desc_double_rejected, launch  # noqa: E402
+from tests.prehook_kernels import desc_double_rejected, doubling_op  # noqa: E402
 from triton_ctx_tune import contextual_autotune  # noqa: E402
 
 
 def scenario_precompile_rejects() -> dict[str, Any]:
     """Config 1 (BLOCK 32) is compiled by local rank 1 alone (split precompile) and rejected there; every
     rank must still time it, and choose it."""
-    executions = 0
-
-    @contextual_autotune(is_dist=True, n_warmup=1, n_repeat=2, early_stop=False, cache=False)
-    def op(x: torch.Tensor) -> torch.Tensor:
-        nonlocal executions
-        executions += 1
-        y = torch.empty_like(x)
-        launch(desc_double_rejected, x, y)
-        return y
-
+    op, executions = doubling_op(desc_double_rejected, is_dist=True)
     x = torch.arange(100, dtype=torch.float32, device=DEVICE)
     y = op(x)
     log = Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"]) / f"rank-{rank()}.jsonl"
@@ -40,7 +31,7 @@ def scenario_precompile_rejects() -> dict[str, Any]:
                                                           for k, c in desc_double_rejected.cache.items()},
             "mine": pre["mine"], "rejected": sorted(pre["rejected"]), "failures": pre["failures"],
             "disagreed": [e["config_index"] for e in events if e["event"] == "precompile-disagreed"],
-            "local_failures": decision["local_failures"], "executions": executions}
+            "local_failures": decision["local_failures"], "executions": executions[0]}
 
 
 def scenario_tma_matmul() -> dict[str, Any]:

@@ -43,7 +43,8 @@ OPTIONS = ["is_dist", "n_repeat", "n_warmup", "group", "reduce", "stat", "flush_
            "cuda_graph", "quarantine",
            "slot_timeout_s", "objective", "confirm", "split_screening", "e2e_runs", "validate", "reference", "compare",
            "atol", "rtol",
-           "max_mismatch_ratio", "exactly_once", "snapshot_limit_mb", "online", "buckets", "freeze", "flops", "bytes"]
+           "max_mismatch_ratio", "exactly_once", "snapshot_limit_mb", "online", "buckets", "freeze", "flops", "bytes",
+           "budget"]
 
 
 def test_misspelt_keyword_names_the_closest_option_and_lists_them_all():

@@ -18,10 +18,10 @@ from tests.prehook_kernels import (
     desc_double_failing,
     desc_double_rejected,
     descriptor,
-    launch,
+    doubling_op,
 )
 from tests.test_dist import run_ranks
-from triton_ctx_tune import NoValidConfigError, contextual_autotune
+from triton_ctx_tune import NoValidConfigError
 from triton_ctx_tune.runtime import compat
 from triton_ctx_tune.tools.report import build, format_report
 
@@ -35,19 +35,10 @@ def _events(log_dir) -> list[dict]:
 
 
 def _tune(kernel, log_dir) -> tuple[torch.Tensor, torch.Tensor, int]:
-    executions = 0
-
-    @contextual_autotune(n_warmup=1, n_repeat=2, early_stop=False, cache=False, log_dir=log_dir)
-    def op(x: torch.Tensor) -> torch.Tensor:
-        nonlocal executions
-        executions += 1
-        y = torch.empty_like(x)
-        launch(kernel, x, y)
-        return y
-
+    op, executions = doubling_op(kernel, log_dir=log_dir)
     x = torch.arange(100, dtype=torch.float32, device=DEVICE)
     try:
-        return op(x), x, executions
+        return op(x), x, executions[0]
     finally:
         autotuner(kernel).cache.clear()
 
