@@ -313,7 +313,10 @@ def test_progress_line_on_a_terminal():
     # The decision's summary starts on a cleared line, not after the progress text.
     summary = tty.index("[triton_ctx_tune] op: double_ key=(96, 'torch.float32') -> {BLOCK=32")
     assert tty[summary - 2:summary] == " \r"
-    assert tty.endswith(" \r") and tty.rstrip(" \r").endswith("s left")  # erased when the call returned
+    # Erased when the call ended; then the call's compile line, on a line of its own.
+    compile_at = tty.rindex("[triton_ctx_tune] op: compile: 3 configs")
+    assert tty.endswith("\r\n") and "\r" not in tty[compile_at:].rstrip("\r\n")
+    assert tty[:compile_at].endswith(" \r") and tty[:compile_at].rstrip(" \r").endswith("s left")
 
 
 def test_no_progress_line_off_a_terminal(capfd):

@@ -37,7 +37,6 @@ from ..runtime.libraries import cache_winners, can_forget, launch_refused, refus
 from ..runtime.patch import original_run
 from ..runtime.timing import CudaGraphTimer
 from ..store.cache import Lookup, entry_id, identity
-from ..store.incremental import CARRIED_FAILURE
 from ..tools.logs import fmt_ms
 from .budget import BudgetSearch, Prior
 from .exactly_once import paused
@@ -280,8 +279,8 @@ class Executor:
                          carried=plan.untimed if plan is not None else set(),
                          anchors=set(plan.anchors) if plan is not None else set(), incremental=plan,
                          share=(comm.rank, comm.world) if split else None, budget=search)
-        for i in plan.carried_failed if plan is not None else ():
-            state.fail(i, CARRIED_FAILURE)
+        for i, reason in plan.carried_failures.items() if plan is not None else ():
+            state.fail(i, reason)
         self.search.add(state)
         self.new_states.append(state)
         if self.services.quarantine is not None:

@@ -74,6 +74,11 @@ class Plan:
         return self._with(CARRIED_FAILED)
 
     @property
+    def carried_failures(self) -> dict[int, str]:
+        """The carried configs that failed last time, each with the reason its key's state records."""
+        return {i: CARRIED_FAILURE for i in self.carried_failed}
+
+    @property
     def untimed(self) -> set[int]:
         """Configs that get no slot."""
         return set(self._with(CARRIED, CARRIED_FAILED))
