@@ -37,7 +37,7 @@ from ..runtime.libraries import cache_winners, can_forget, launch_refused, refus
 from ..runtime.patch import original_run
 from ..runtime.timing import CudaGraphTimer
 from ..store.cache import Lookup, entry_id, identity
-from ..tools.logs import fmt_ms
+from ..tools.logs import compile_totals, fmt_ms, fmt_parallelism
 from .budget import BudgetSearch, Prior
 from .exactly_once import paused
 from .search import Assignment, Search
@@ -323,13 +323,12 @@ class Executor:
         state.rejected.update(done.rejected)
         meanwhile = f" (the execution ran config {done.ran_meanwhile} meanwhile)" if done.ran_meanwhile else ""
         counts = done.counts()
-        compile_s = sum(done.compile_s.values())
-        wall_s = done.ended - done.started
-        parallelism = compile_s / wall_s if wall_s > 0 else None
-        pool = int(done.workers.get("ready", 0)) if done.workers else 0
-        self.stats.compiles.append({"counts": counts, "compile_s": compile_s, "started": done.started,
-                                    "ended": done.ended, "pool": pool})
-        par = "-" if parallelism is None else f"{parallelism:.1f}x"
+        record = {"counts": counts, "compile_s": sum(done.compile_s.values()), "started": done.started,
+                  "ended": done.ended, "pool": int(done.workers.get("ready", 0)) if done.workers else 0}
+        self.stats.compiles.append(record)
+        key = compile_totals([record], None)  # this key's line: the call's compile line, of one key
+        compile_s, wall_s, parallelism = key["compile_s"], key["wall_s"], key["parallelism"]
+        par = fmt_parallelism(parallelism)
         rejected = (f", {len(done.rejected)} rejected (their launch compiles them again)" if done.rejected else "")
         skipped = f", {len(done.skipped)} left to their launch" if done.skipped else ""
         self.services.log.write("precompile", f"precompile kernel={state.kernel} key={state.key!r} compiled "

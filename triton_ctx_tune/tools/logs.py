@@ -124,8 +124,12 @@ def compile_totals(compiles: list[dict[str, Any]], first_slot_s: float | None) -
             "first_slot_s": first_slot_s}
 
 
+def fmt_parallelism(parallelism: float | None) -> str:
+    return "-" if parallelism is None else f"{parallelism:.1f}x"
+
+
 def compile_line(t: dict[str, Any]) -> str:
-    par = "-" if t["parallelism"] is None else f"{t['parallelism']:.1f}x"
+    par = fmt_parallelism(t["parallelism"])
     first = "" if t["first_slot_s"] is None else f"; first timed slot {t['first_slot_s']:.1f} s after the first launch"
     ranks = f"{t['ranks']} by other local ranks, " if t.get("ranks") else ""
     return (f"compile: {t['configs']} configs, {t['workers']} in {t['pool']} workers, {t['here']} in-process, "

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CtxTuneError, MissingDependencyError
-from .logs import EVENTS, ahead_table, compile_line
+from .logs import EVENTS, ahead_table, compile_line, fmt_parallelism
 
 _RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")
 
@@ -694,7 +694,7 @@ def format_serving(report: Report) -> list[str]:
 def precompile_text(e: dict[str, Any]) -> str:
     """A key's precompile event in words: configs per place, compile time summed, wall time, parallelism."""
     n = e["counts"]
-    par = "-" if e.get("parallelism") is None else f"{e['parallelism']:.1f}x"
+    par = fmt_parallelism(e.get("parallelism"))
     ranks = f"{n['ranks']} by other local ranks, " if n.get("ranks") else ""
     text = (f"{sum(n.values())} configs: {n['workers']} by workers, {n['here']} in-process, {ranks}{n['cache']} "
             f"from Triton's cache; {e['compile_s']:.2f} s of compiles in {e['wall_s']:.2f} s (parallelism {par})")
