@@ -14,6 +14,7 @@ gives the resident hold back.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,27 +33,23 @@ def original_run() -> Callable[..., Any]:
     return _patch.original if _patch.original is not None else Autotuner.run
 
 
-def _dispatching_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
-    call = resolver.current()
-    if call is not None:
-        return call.launch(self, args, kwargs)
-    if resolver.open_calls:
-        resolver.note_unattributed(self, args, kwargs)
-    return original_run()(self, *args, **kwargs)
-
-
-def _subclass_dispatcher(cls: type) -> Callable[..., Any]:
-    """The dispatcher for a subclass that overrides run: its launches inside a tuning call go to the call,
-    which tunes it (a subclass that keeps Triton's meaning) or refuses it (libraries.py); outside, its own run."""
+def _dispatcher(original: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+    """A run that hands each launch to the tuning call it belongs to, and otherwise runs `original()`: Triton's
+    Autotuner.run, or the own run of a subclass that overrides it (libraries.py: the call tunes or refuses it)."""
     def run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
         call = resolver.current()
         if call is not None:
             return call.launch(self, args, kwargs)
-        return _covered[cls][0].original(self, *args, **kwargs)
+        if resolver.open_calls:
+            resolver.note_unattributed(self, args, kwargs)
+        return original()(self, *args, **kwargs)
     return run
 
 
-def _launcher_dispatcher(cls: type) -> Callable[..., Any]:
+_dispatching_run = _dispatcher(original_run)
+
+
+def _launcher_dispatcher(original: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
     """For a launcher that caches compiled kernels above its autotuner: while a call tunes, every launch goes
     down to the autotuner (whose config the call decides) and nothing is cached; a warm call uses its cache."""
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -61,7 +58,7 @@ def _launcher_dispatcher(cls: type) -> Callable[..., Any]:
             libraries.note_launcher(self)
             if call.session is not None:
                 return self.fn.run(*args, **kwargs)
-        return _covered[cls][0].original(self, *args, **kwargs)
+        return original()(self, *args, **kwargs)
     return run
 
 
@@ -78,12 +75,17 @@ def cover() -> None:
     if not _patch.installed():
         return
     _seen_subclasses = len(Autotuner.__subclasses__())
-    found = [(cls, _subclass_dispatcher(cls)) for cls in libraries.overriding_subclasses()]
-    found += [(cls, _launcher_dispatcher(cls)) for cls in libraries.caching_launchers()]
-    for cls, dispatcher in found:
+    found = [(cls, _dispatcher) for cls in libraries.overriding_subclasses()]
+    found += [(cls, _launcher_dispatcher) for cls in libraries.caching_launchers()]
+    for cls, make in found:
         if cls not in _covered:
-            patch = SharedPatch(cls, "run", dispatcher)
+            patch = SharedPatch(cls, "run", make(functools.partial(_covered_original, cls)))
             _covered[cls] = (patch, patch.install())
+
+
+def _covered_original(cls: type) -> Callable[..., Any]:
+    """The run a covered class had before the patch."""
+    return _covered[cls][0].original
 
 
 def cover_changed() -> bool:
