@@ -69,6 +69,12 @@ _BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from triton_ctx_tune.comp
 _MESSAGE_BYTES = 1 << 16  # a fork request (target, preload, sys.path) or a notice, pickled
 
 
+class Excluding(str):
+    """A failure of the compile itself, not of the config (a timeout, a crashed worker, the exit): it excludes
+    the config at once, since compiling it again on the launch path could hang or crash the function. Any other
+    precompile failure is a rejection, which the config's launch checks (precompile.py)."""
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What a worker made of one config: compiled (failure None), or a failure of that config."""
@@ -360,13 +366,14 @@ class WorkerPool:
         except (EOFError, OSError):
             code = self.zygote.exit_code(pid, timeout_s=5.0)
             self._release(worker, replace=True)
-            return Outcome(f"compile worker crashed: its process ended with {_exit_text(code)} while compiling this "
-                           "config (a crash in Triton's compiler); the worker was replaced", pid)
+            return Outcome(Excluding(f"compile worker crashed: its process ended with {_exit_text(code)} while "
+                                     "compiling this config (a crash in Triton's compiler); the worker was replaced"),
+                           pid)
         if kind == "timeout":
             self._release(worker, replace=True)  # killed with its ptxas, not abandoned like a thread
-            return Outcome(f"compile timeout: compiling this config took longer than {timeout_s:g} s, so its "
-                           "compile worker was killed (raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT "
-                           "if it is just slow)", pid, timeout_s)
+            return Outcome(Excluding(f"compile timeout: compiling this config took longer than {timeout_s:g} s, "
+                                     "so its compile worker was killed (raise compile_timeout_s or "
+                                     "TRITON_CTX_TUNE_COMPILE_TIMEOUT if it is just slow)"), pid, timeout_s)
         self._release(worker, replace=False)
         if kind == "error":
             self.unusable.setdefault(_kernel_id(spec), text)  # it could not rebuild the kernel: nor will it later

@@ -62,14 +62,14 @@ from ..runtime.compat import (
     prime_compiler_hash,
     prime_interpreter,
 )
-from .compile_workers import WorkerPool, get_pool
+from .compile_workers import Excluding, WorkerPool, get_pool
 
 # A thread that hands its config to a worker waits this much longer than compile_timeout_s, so that
 # a compile that hangs in the worker is ended by the worker's own limit, which kills it.
 WORKER_GRACE_S = 10.0
 # At exit, how long the atexit hook waits for compile threads to end their config in hand.
 EXIT_WAIT_S = 10.0
-EXIT_REASON = "not compiled: the process is exiting"
+EXIT_REASON = Excluding("not compiled: the process is exiting")
 
 # Set by the atexit hook: compile threads take no further config, waits for a place end.
 _EXITING = threading.Event()
@@ -177,17 +177,13 @@ def _device() -> int | None:
     return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
-# Failures of the compile itself, not of the config: they exclude the config on every rank without a second
-# try, since compiling it again on the launch path could hang or crash the function. Any other precompile
-# failure is a rejection, which the launch path checks.
-_EXCLUDING = ("compile timeout:", "compile worker crashed:", EXIT_REASON)
 
 
 @dataclass
 class Batch:
     """What compiling some configs gave: kernels, and per config why not."""
     kernels: dict[int, Any] = field(default_factory=dict)
-    failures: dict[int, str] = field(default_factory=dict)  # excluded: _EXCLUDING
+    failures: dict[int, str] = field(default_factory=dict)  # excluded: compile_workers.Excluding
     rejected: dict[int, str] = field(default_factory=dict)  # the launch path tries them again
     skipped: dict[int, str] = field(default_factory=dict)  # their signature is known only at launch
     by_workers: list[int] = field(default_factory=list)
@@ -306,13 +302,13 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
                                                                  len(state.configs) + (1 << 30 if later else 0)))
         results = {i: r for i, r in done.items()}
         for i in late:
-            results[i] = (None, EXIT_REASON if _EXITING.is_set() else
-                          f"compile timeout: compiling this config took longer than {timeout_s:g} s, so it was "
-                          "abandoned (raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT if it is just slow)")
+            results[i] = (None, EXIT_REASON if _EXITING.is_set() else Excluding(
+                f"compile timeout: compiling this config took longer than {timeout_s:g} s, so it was abandoned "
+                "(raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT if it is just slow)"))
     out.kernels = {i: k for i, (k, r) in results.items() if r is None and i not in out.skipped}
     for i, (_, reason) in results.items():
         if reason is not None:
-            (out.failures if reason.startswith(_EXCLUDING) else out.rejected)[i] = reason
+            (out.failures if isinstance(reason, Excluding) else out.rejected)[i] = reason
     if load:
         out.rejected.update(_load(out.kernels))
     for i in [*out.failures, *out.rejected, *out.skipped]:
