@@ -64,10 +64,33 @@ def _hook(key: dict[str, Any], index: int, rank: int) -> Any:
     return hook
 
 
+@triton.jit
+def _add_one_compiling(x_ptr, n, BLOCK: tl.constexpr, SLOW: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+def _slow_compile(key: dict[str, Any], rank: int) -> Any:
+    """A heuristic that sleeps in the compile-only launch (precompile's) of one config on one rank: to the tuner,
+    a compile that takes that long there (the launches themselves are not slowed)."""
+    delay_rank, index, ms = key["compile_delay"]
+    block, warps = CONFIGS[index]
+
+    def slow(args: dict[str, Any]) -> int:
+        if rank == delay_rank and args.get("warmup") and args["BLOCK"] == block and args.get("num_warps") == warps:
+            time.sleep(ms / 1e3)
+        return 0
+    return slow
+
+
 def _kernel(key: dict[str, Any], rank: int) -> Any:
     configs = [triton.Config({"BLOCK": b}, num_warps=w, pre_hook=_hook(key, i, rank))
                for i, (b, w) in enumerate(CONFIGS[:key["configs"]])]
-    return triton.autotune(configs=configs, key=["n"], restore_value=["x_ptr"])(_add_one)
+    if key.get("compile_delay") is None:
+        return triton.autotune(configs=configs, key=["n"], restore_value=["x_ptr"])(_add_one)
+    return triton.autotune(configs=configs, key=["n"], restore_value=["x_ptr"])(
+        triton.heuristics({"SLOW": _slow_compile(key, rank)})(_add_one_compiling))
 
 
 def run_schedule(s: dict[str, Any], logs: Path) -> dict[str, Any]:

@@ -60,7 +60,9 @@ def test_points_that_lose_the_screening_never_finish_their_kernels_tuning(tmp_pa
         calls.append(chunks)
         n = x.numel() // chunks
         for c in range(chunks):
-            screened_add_one_[grid(n)](x[c * n:(c + 1) * n], n)  # BLOCK 16 and 32 survive its screening
+            # Alone, BLOCK 16 and 32 survive its screening (64 is 2x slower); a point's kernel keys screen at
+            # 2.5x at least (decisions.POINT_SCREEN), since their launches are judged by the call's time in the end
+            screened_add_one_[grid(n)](x[c * n:(c + 1) * n], n)
         spend(COST[chunks] * 10)
         return x
 
@@ -71,7 +73,7 @@ def test_points_that_lose_the_screening_never_finish_their_kernels_tuning(tmp_pa
     assert len(screens) == 1 and screens[0]["kept"] == [1]  # 300 and 200 ms are beyond 1.5 x 100 ms
     # Every point's kernel was screened and held at its best; only the surviving point's finished.
     held = [(e["point"], e["kept"]) for e in events if e["event"] == "screen" and e.get("held")]
-    assert held == [(0, [0, 1]), (1, [0, 1]), (2, [0, 1])]
+    assert held == [(0, [0, 1, 2]), (1, [0, 1, 2]), (2, [0, 1, 2])]
     assert [e["point"] for e in events if e["event"] == "decision"] == [1]
     decision = next(e for e in events if e["event"] == "point-decision")
     assert decision["winner"] == 1 and decision["points"] == [{"chunks": 1}, {"chunks": 2}, {"chunks": 4}]
@@ -324,3 +326,18 @@ def test_a_point_and_its_kernels_are_decided_by_one_end_to_end_rule(tmp_path):
     per_launch = _overlapping_op(tmp_path / "logs2", objective="per_launch")
     per_launch(torch.ones(64, device=DEVICE))
     assert per_launch.last_call.point == {"overlap": False}
+
+
+def test_a_budgeted_kernel_of_a_point_is_decided_by_the_same_end_to_end_rule(tmp_path):
+    """As above with budget=: the budgeted search's finalists are re-timed as whole steps before the decision."""
+    autotuner(_overlap_kernel).cache.clear()
+    op = _overlapping_op(tmp_path / "logs", budget="7 executions")
+    op(torch.ones(64, device=DEVICE))
+    stats = op.last_call
+    assert stats.point == {"overlap": True}
+    (tuned,) = [t for t in stats.tuned if t.point == 1]
+    assert tuned.config.startswith("BLOCK=16")
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "rung" for e in events)  # the budget decided the search
+    confirms = [e for e in events if e["event"] == "confirm"]
+    assert confirms and all(e["end_to_end"] and sorted(e["candidates"]) == [0, 1] for e in confirms)

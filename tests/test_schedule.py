@@ -53,6 +53,13 @@ def generate(rng: random.Random, world: int, sid: int) -> dict[str, Any]:
     # that every other draw, and so every earlier seed's schedules, stay as they were.
     budget = random.Random(sid * 7919 + world).choice([None, None, None, "4 executions", "7 executions",
                                                        "2 compiles", "3 compiles", 0.05])
+    # Re-executing, a config whose compile is slow on one rank (precompile's compile-only launch sleeps there),
+    # past the grace a step's end waits: its key's compiles are deferred (schedule.py, 6). Not online, where calls
+    # never wait for compiles and 60 calls can end before one does. A generator of its own, as above.
+    slow = random.Random(sid * 104729 + world)
+    for k in keys:
+        k["compile_delay"] = ([slow.randrange(world), slow.randrange(k["configs"]), slow.choice([100.0, 600.0])]
+                              if slow.random() < 0.3 and driver == "reexec" else None)
     return {"id": sid, "world": world, "driver": driver, "space": space, "keys": keys,
             "budget": budget if driver == "reexec" else None,
             "split": rng.random() < 0.7, "precompile": rng.random() < 0.5,

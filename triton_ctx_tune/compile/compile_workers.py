@@ -1,20 +1,19 @@
 """Long-lived compile worker processes: Triton compilation at the speed of the node's cores, by default.
 
-Triton's front end holds the GIL, so threads in one process compile about one config at a time.
-A process per compile, or a worker started at the first tuning call, spends its first seconds
-importing torch, and W ranks x N workers importing at once competed with the ranks' own compiles
-(measured on 2 H200s: the FLA step 30 s instead of 25 s). So each rank starts one small server, the
-zygote, when a tuned function is decorated, long before its first call: it imports torch, triton
-and this package once, primes Triton's compiler hash, and then forks a worker in milliseconds
-whenever the pool asks for one (a fork server, as multiprocessing's 'forkserver' with preloaded
-modules, but without re-running the parent's main script). The zygote initialises no GPU and
-imports nothing of the user's library: a worker gets each config as compat.describe_compile
-describes it (the kernel's source, its JIT dependencies and globals, and the signature, constexprs,
-attributes, options and target that Triton's own compile-only launch would pass to compile()), and
-compiles it for the parent's GPU target (compat.compile_described) under the parent's cache key; the
-binary lands in Triton's disk cache, where the parent's own compile-only launch then finds it. So a
-kernel defined in __main__ or inside a function, and a library that touches CUDA at import (FLA asks
-for the device's name), compile here too.
+Triton's front end holds the GIL, so threads in one process compile about one config at a time. A process per
+compile, or a worker started at the first tuning call, spends its first seconds importing torch, and W ranks x
+N workers importing at once competed with the ranks' own compiles (measured on 2 H200s: the FLA step 30 s
+instead of 25 s). So each rank starts one small server, the zygote, when a tuned function is decorated, long
+before its first call: it imports triton and the modules of this package that compile (not torch: ready in
+about 0.5 s), primes Triton's compiler hash, and then forks a worker in milliseconds whenever the pool asks
+for one (a fork server, as multiprocessing's 'forkserver' with preloaded modules, but without re-running the
+parent's main script). The zygote initialises no GPU and imports nothing of the user's library: a worker gets
+each config as compat.describe_compile describes it (the kernel's source, its JIT dependencies and globals,
+and the signature, constexprs, attributes, options and target that Triton's own compile-only launch would pass
+to compile()), and compiles it for the parent's GPU target (compat.compile_described) under the parent's cache
+key; the binary lands in Triton's disk cache, where the parent's own compile-only launch then finds it. So a
+kernel defined in __main__ or inside a function, and a library that touches CUDA at import (FLA asks for the
+device's name), compile here too.
 
 Each worker leads its own process group, so a compile that runs past its limit is killed with the
 ptxas it started. The zygote reaps its workers and reports how each ended (the crash message names
@@ -64,8 +63,12 @@ MAX_BOOT_FAILURES = 3
 FORK_GRACE_S = 2.0
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds triton_ctx_tune/
-_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from triton_ctx_tune.compile.compile_workers import zygote; "
-         "zygote(int(sys.argv[2]), int(sys.argv[3]))")
+# The package is entered through a stand-in for its __init__, which imports torch (1 to 2 s): the zygote needs
+# triton and the modules below only, and it is on the first call's path until it is ready.
+_BOOT = ("import sys, types; root = sys.argv[1]; sys.path.insert(0, root); "
+         "package = types.ModuleType('triton_ctx_tune'); package.__path__ = [root + '/triton_ctx_tune']; "
+         "sys.modules['triton_ctx_tune'] = package; "
+         "from triton_ctx_tune.compile.compile_workers import zygote; zygote(int(sys.argv[2]), int(sys.argv[3]))")
 _MESSAGE_BYTES = 1 << 16  # a fork request (target, preload, sys.path) or a notice, pickled
 
 
@@ -527,7 +530,8 @@ def zygote(control_fd: int, parent: int) -> None:
     children: set[int] = set()
     prepared = b""  # the last fork request _prepare() carried out
     try:
-        import torch  # noqa: F401,PLC0415  (kernel modules import it: once here, not once per worker)
+        # Not torch: a worker compiles from source (compat.compile_described), and a kernel module that the pool
+        # preloads imports it in _prepare, once, before the forks.
         import triton.backends  # noqa: F401,PLC0415  (every backend's compiler, for whichever target comes)
         prime_compiler_hash()  # inherited by every fork
         sock.send(pickle.dumps(("ready",)))

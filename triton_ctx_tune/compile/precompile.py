@@ -134,6 +134,10 @@ class Compiled:
     stolen: list[int] = field(default_factory=list)  # other ranks' configs this rank's workers compiled early
     started: float = 0.0  # perf_counter: when the key's first launch started its compiles
     ended: float = 0.0  # perf_counter: when its last config was compiled (or found in the cache)
+    # Where this process spent the key's time (seconds, summed over configs; Batch.phases), then finish()'s
+    # own steps: wait (its share still compiling), load, gather, rest (the others' binaries from the cache).
+    phases: dict[str, float] = field(default_factory=dict)
+    spans: dict[int, tuple[float, float]] = field(default_factory=dict)  # this rank's share: Batch.spans
 
     def counts(self) -> dict[str, int]:
         return {p: sum(1 for v in self.places.values() if v == p) for p in PLACES}
@@ -191,16 +195,26 @@ class Batch:
     compile_s: dict[int, float] = field(default_factory=dict)  # each config's own compile time
     undescribed: dict[int, str] = field(default_factory=dict)  # configs no worker could take, and why
     ended: float = field(default_factory=time.perf_counter)  # when the last config was settled
+    # Summed over configs: describing them (this process, under the GIL), waiting for a worker, the workers'
+    # compiles, this process's compile-only launch (a disk-cache hit after a worker; the compile when here).
+    phases: dict[str, float] = field(default_factory=dict)
+    first_s: float | None = None  # from the start to the first config ready (what an execution waits for)
+    spans: dict[int, tuple[float, float]] = field(default_factory=dict)  # perf_counter: a config's place, its end
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.phases[phase] = self.phases.get(phase, 0.0) + seconds
 
 
 def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
              timeout_s: float, pool: WorkerPool | None = None, device: int | None = None,
              load: bool = True, on_ready: Callable[[int], None] | None = None,
-             stop: threading.Event | None = None, later: bool = False) -> Batch:
+             stop: threading.Event | None = None, later: bool = False, gated: bool = True) -> Batch:
     """Compile configs `indices` on up to `threads` threads (and `pool`'s workers); `device` is the
     caller's, since a thread started here (or by start()) begins on device 0; `on_ready(i)` as each
     config's compile succeeds; `stop`, once set, starts no further config (they count as not compiled);
-    `later`: the configs wait in GATE behind every config of any key that is not `later` (stolen ones).
+    `later`: the configs wait in GATE behind every config of any key that is not `later` (stolen ones);
+    `gated=False`: they take no place in GATE (a step's end loading what other ranks compiled: it would wait
+    behind the background compiles of keys that are still compiling).
 
     Each config goes to a compile worker when one is ready or starting: its thread waits for a worker rather
     than compiling it here. Here compile: the configs no worker can take (compat.describe_compile says why),
@@ -227,7 +241,9 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
             if _EXITING.is_set():
                 return True, EXIT_REASON
             # The config an execution waits for takes an idle worker now, or compiles here at once.
+            waited = time.perf_counter()
             acquired = pool.acquire(0.0 if i == first and not pool.forking() else POLL_S)
+            out.add("wait_s", time.perf_counter() - waited)
             if acquired is None and i == first:
                 return False, None
             if acquired is not None:
@@ -235,6 +251,7 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
                 if outcome is None:
                     return False, None  # the worker could not rebuild the kernel: here, counted
                 out.compile_s[i] = outcome.seconds
+                out.add("worker_s", outcome.seconds)
                 if outcome.failure is not None:
                     return True, outcome.failure  # never compiled here: it may hang or crash this process
                 out.places[i] = WORKER
@@ -251,13 +268,22 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
         return False, None
 
     def one(i: int) -> tuple[Any, str | None]:
+        entered = time.perf_counter()  # its place in the gate taken: it starts to be described
+        try:
+            return settle(i)
+        finally:
+            out.spans[i] = (entered, time.perf_counter())
+
+    def settle(i: int) -> tuple[Any, str | None]:
         if device is not None:
             torch.cuda.set_device(device)  # Triton picks the target from this thread's current device
         if stop is not None and stop.is_set():
             return None, "not compiled: stopped"
         try:
             if not interpret_mode():  # (the interpreter compiles nothing: no cache to find, nothing to describe)
+                began = time.perf_counter()
                 described = describe_compile(state.autotuner, state.configs[i], args, kwargs, ship=pool is not None)
+                out.add("describe_s", time.perf_counter() - began)
                 if described.cached:
                     out.places[i] = CACHE
                 elif described.spec is not None and pool is not None:
@@ -275,9 +301,12 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
             finally:
                 if slot:
                     HERE_SLOT.give_back()
+            out.add("parent_s", time.perf_counter() - began)
             if i not in out.places:  # compiled by that launch, on this thread
                 out.places[i] = HERE
                 out.compile_s[i] = time.perf_counter() - began
+            if out.first_s is None:
+                out.first_s = time.perf_counter() - started
             if on_ready is not None:
                 on_ready(i)
             return kernel, None
@@ -292,14 +321,16 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
 
     if device is None:
         device = _device()
+    started = time.perf_counter()
     if pool is not None:
         threads = max(threads, pool.size + 1)  # one thread per worker keeps every worker busy, one compiles here
     if math.isinf(timeout_s) and (threads <= 1 or len(indices) <= 1):
         results = {i: one(i) if not _EXITING.is_set() else (None, EXIT_REASON) for i in indices}  # nothing to bound
     else:
         done, late = run_with_deadline(indices, one, threads, timeout_s + (WORKER_GRACE_S if pool else 0.0),
-                                       gate=lambda i: GATE.enter(i == first, threads,
-                                                                 len(state.configs) + (1 << 30 if later else 0)))
+                                       gate=None if not gated else
+                                       lambda i: GATE.enter(i == first, threads,
+                                                            len(state.configs) + (1 << 30 if later else 0)))
         results = {i: r for i, r in done.items()}
         for i in late:
             results[i] = (None, EXIT_REASON if _EXITING.is_set() else Excluding(
@@ -566,8 +597,16 @@ class Precompiling:
         with self._cond:
             return self._settled
 
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for this rank's share to finish (started: not when finish() compiles it); done."""
+        with self._cond:
+            if self._thread is not None:
+                self._cond.wait_for(lambda: self._settled, timeout_s)
+            return self._settled
+
     def finish(self, comm: Collectives) -> Compiled:
         self._stop_stealing.set()  # the configs in a worker's hands finish; no further one starts
+        clock = time.perf_counter()
         if self._thread is None:
             self._compile_mine(waited_for=False)
         else:
@@ -576,13 +615,27 @@ class Precompiling:
             raise self._error
         assert self._outcome is not None
         mine, state, n, pool = self._outcome, self.state, len(self.state.configs), self.pool
+        phases = dict(mine.phases)
+
+        def lap(name: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            phases[name] = now - clock
+            clock = now
+        lap("finish_wait_s")
         mine.rejected.update(_load(mine.kernels))
+        lap("finish_load_s")
         failures, rejected = _share(comm, mine, n, "share precompile results")
+        lap("finish_gather_s")
         # The others' binaries are in the shared Triton cache now: loading them here is cheap and keeps
         # the load out of the first slot (compiled here instead when caches are not shared).
         rest = [i for i in range(n) if i not in self.mine and i not in failures and i not in rejected
                 and i not in state.failures and i not in state.carried and i not in state.later]
-        more = _compile(state, rest, self.args, self.kwargs, self.threads, self.timeout_s, pool, self.device)
+        more = _compile(state, rest, self.args, self.kwargs, self.threads, self.timeout_s, pool, self.device,
+                        gated=False)
+        lap("finish_rest_s")
+        if mine.first_s is not None:
+            phases["first_ready_s"] = mine.first_s
         # A config can fail here alone (a timeout on this rank, a binary this GPU cannot load):
         # share that too, so every rank treats the same configs alike from the first slot on.
         more_failures, more_rejected = _share(comm, more, n, "share load results")
@@ -600,7 +653,8 @@ class Precompiling:
                         workers={} if pool is None else pool.status(),
                         ran_meanwhile=sorted(set(self.ran_meanwhile)), places=places, compile_s=compile_s,
                         undescribed={**mine.undescribed, **more.undescribed}, stolen=list(self.stolen),
-                        started=self.started, ended=max(mine.ended, more.ended if rest else 0.0))
+                        started=self.started, ended=max(mine.ended, more.ended if rest else 0.0), phases=phases,
+                        spans=mine.spans)
 
 
 def _share(comm: Collectives, batch: Batch, n: int, what: str) -> tuple[dict[int, str], dict[int, str]]:

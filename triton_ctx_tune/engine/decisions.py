@@ -28,6 +28,7 @@ TIE_BY_CODE = {code: how for how, code in TIE_CODES.items()}
 CONFIRM_CODE = 4  # a close candidate, re-timed before the key is decided
 CONFIRM_E2E_CODE = 6  # the same, timed end to end: the key overlapped another stream's work
 READMIT_CODE = 5  # a config a split screening dropped, timed in lockstep after all
+POINT_SCREEN = 2.5  # the screening factor of a point's kernel keys, at least (_screen_factor)
 BUDGET_CODE = 100  # a budgeted search's next rung: BUDGET_CODE + the config's timed slots in it (budget.py)
 
 if TYPE_CHECKING:
@@ -74,17 +75,23 @@ class Decisions:
         # or a one-hot winner); broadcasting it makes every rank's schedule and choice identical.
         keep = torch.zeros((len(finishing), width), dtype=torch.int64)
         for i, s in enumerate(finishing):
-            if isinstance(s, KeyState) and s.budget is not None:
+            if isinstance(s, KeyState) and s.budget is not None and s.confirmed is None:
                 # Rank 0's next rung (its own clock sizes it under a seconds budget), or the winner among the
-                # finalists; the broadcast makes it every rank's.
+                # finalists (re-timed end to end first where the key's unbudgeted search would confirm so, then
+                # decided below like any confirmed key); the broadcast makes it every rank's.
                 rung = s.budget.next_rung(self._times(s, reduced[i]), time.perf_counter() - s.started)
                 if rung:
                     for j, timed in rung.items():
                         keep[i, j] = BUDGET_CODE + timed
                 elif (choice := self._budget_choice(s, reduced[i], self._incumbent(s))) is not None:
-                    keep[i, choice.winner] = TIE_CODES[choice.tie_break]
+                    finalists = [j for j in s.budget.pick_finalists(self._times(s, reduced[i]))
+                                 if math.isfinite(self._times(s, reduced[i])[j])]
+                    if len(finalists) > 1 and self._confirms_end_to_end(s):
+                        keep[i, finalists] = CONFIRM_E2E_CODE
+                    else:
+                        keep[i, choice.winner] = TIE_CODES[choice.tie_break]
             elif s.screening and svc.early_stop:
-                keep[i, screen(self._times(s, reduced[i]), svc.early_stop)] = 1
+                keep[i, screen(self._times(s, reduced[i]), self._screen_factor(s))] = 1
             elif readmit := self._to_readmit(s, reduced[i]):
                 keep[i, readmit] = READMIT_CODE
             elif (choice := self._choice(s, reduced[i], self._incumbent(s))) is not None:
@@ -114,6 +121,8 @@ class Decisions:
                 assert isinstance(s, KeyState) and s.budget is not None
                 s.add_rung({j: int(keep[i, j]) - BUDGET_CODE for j in kept})
                 self._log_rung(s, kept, times)
+            elif int(keep[i].max()) in (CONFIRM_CODE, CONFIRM_E2E_CODE):
+                self._confirm(s, kept, times, end_to_end=int(keep[i].max()) == CONFIRM_E2E_CODE)
             elif isinstance(s, KeyState) and s.budget is not None:
                 finalists = s.budget.pick_finalists(self._times(s, reduced[i]))
                 s.budget.finalists = finalists
@@ -122,8 +131,6 @@ class Decisions:
                 choice = self._choice(s, reduced[i], None)
                 self._commit(s, kept[0], times, per_rank[:, i, : len(s.configs), 0], choice,
                              TIE_BY_CODE.get(int(keep[i, kept[0]])))
-            elif int(keep[i].max()) in (CONFIRM_CODE, CONFIRM_E2E_CODE):
-                self._confirm(s, kept, times, end_to_end=int(keep[i].max()) == CONFIRM_E2E_CODE)
             elif int(keep[i].max()) == READMIT_CODE:
                 s.readmit(kept)
                 self._log_readmit(s, kept, times)
@@ -204,16 +211,33 @@ class Decisions:
         opts = self.services.opts
         if not (isinstance(s, KeyState) and opts.resolved_confirm()) or s.confirmed is not None or s.end_to_end:
             return [], False
-        in_point = s.point is not None and self.services.search.points is not None
-        end_to_end = ((s.overlapped or in_point) and opts.objective == "auto" and not opts.online
-                      and not opts.cuda_graph)
+        end_to_end = self._confirms_end_to_end(s)
         close, _ = close_candidates(choice, self._times(s, reduced), overlapped=end_to_end)
         close = [j for j in close if j not in s.carried]
         return (close, end_to_end) if len(close) > 1 else ([], False)
 
+    def _screen_factor(self, s: Tunable) -> float:
+        """early_stop, or for a kernel key of a function-level point at least POINT_SCREEN: its one-sample
+        per-launch screening says little of the call's time beside what the point overlaps (all-gather + GEMM:
+        a config 1.6x slower per launch than the fastest was within 4% of the best call; issue 35)."""
+        factor = float(self.services.early_stop or 0.0)  # (called where early_stop is set)
+        if isinstance(s, KeyState) and s.point is not None and self.services.search.points is not None \
+                and self._confirms_end_to_end(s):
+            return max(factor, POINT_SCREEN)
+        return factor
+
+    def _confirms_end_to_end(self, s: KeyState) -> bool:
+        """Whether the key's close candidates (a budgeted search's finalists) are re-timed as whole steps: it
+        overlapped another stream's work, or it serves a function-level point (see _to_confirm)."""
+        opts = self.services.opts
+        in_point = s.point is not None and self.services.search.points is not None
+        return ((s.overlapped or in_point) and opts.objective == "auto" and not opts.online and not opts.cuda_graph
+                and opts.resolved_confirm())
+
     def _confirm(self, s: Tunable, kept: list[int], times: torch.Tensor, end_to_end: bool) -> None:
         svc = self.services
-        rounds = max(CONFIRM_ROUNDS, s.n_repeat)
+        # End to end, a round is a step of e2e_runs executions (e2e_runs - 1 samples each): CONFIRM_ROUNDS suffice.
+        rounds = CONFIRM_ROUNDS if end_to_end else max(CONFIRM_ROUNDS, s.n_repeat)
         s.confirm(kept, rounds, end_to_end)
         best = min(float(times[j, 0]) for j in kept)
         margins = {j: float(times[j, 0]) / best - 1 for j in kept}
@@ -226,7 +250,14 @@ class Decisions:
 
     @staticmethod
     def _times(s: Tunable, reduced: torch.Tensor) -> list[float]:
-        return [math.inf if j in s.dropped else t for j, t in enumerate(reduced[: len(s.configs), 0].tolist())]
+        """The configs' times a decision compares: a config screened out has none, and once a key re-timed its close
+        candidates only they compete. Their fresh samples are whole steps when confirmed end to end, and a
+        config that was not re-timed keeps a per-launch time, which would compare a kernel's span with the
+        call's (issue 35: on all-gather + GEMM the winner was the config left out of the confirmation)."""
+        out = reduced[: len(s.configs), 0].tolist()
+        confirmed = None if not isinstance(s, KeyState) or s.confirmed is None else set(s.confirmed)
+        return [math.inf if j in s.dropped or (confirmed is not None and j not in confirmed) else t
+                for j, t in enumerate(out)]
 
     def _choice(self, s: Tunable, reduced: torch.Tensor, incumbent: int | None) -> Choice | None:
         n = len(s.configs)
@@ -244,9 +275,10 @@ class Decisions:
         svc = self.services
         what = _subject(s)
         held = " (held until its point survives)" if s.held is not None else ""
+        factor = self._screen_factor(s) if svc.early_stop else svc.early_stop
         svc.log.write("screen", f"screen {what} kept {len(kept)}/{len(s.configs)} "
-                      f"configs within {svc.early_stop:g}x of the best: {kept}{held}", **_subject_fields(s),
-                      kept=kept, factor=svc.early_stop, reduced=times[:, 0].tolist(), held=s.held is not None,
+                      f"configs within {factor:g}x of the best: {kept}{held}", **_subject_fields(s),
+                      kept=kept, factor=factor, reduced=times[:, 0].tolist(), held=s.held is not None,
                       split=s.split)
 
     def _commit_point(self, pts: PointTunable, winner: int, reduced: torch.Tensor, per_rank: torch.Tensor) -> None:

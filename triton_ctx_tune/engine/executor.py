@@ -344,21 +344,34 @@ class Executor:
                        by_workers=done.by_workers, workers=done.workers, ran_meanwhile=done.ran_meanwhile,
                        places={str(i): p for i, p in sorted(done.places.items())}, counts=counts,
                        compile_s=compile_s, wall_s=wall_s, parallelism=parallelism,
-                       undescribed={str(i): r for i, r in sorted(done.undescribed.items())}, stolen=done.stolen)
+                       undescribed={str(i): r for i, r in sorted(done.undescribed.items())}, stolen=done.stolen,
+                       phases={k: round(v, 4) for k, v in done.phases.items()},
+                       spans={str(i): [round(a - done.started, 3), round(b - done.started, 3)]
+                              for i, (a, b) in sorted(done.spans.items())},
+                       met_s=None if self.stats.first_launch_at is None else done.started - self.stats.first_launch_at)
 
-    def finish_compiles(self, void: bool, everywhere: list[KeyState] | None = None) -> None:
+    def finish_compiles(self, void: bool, everywhere: list[KeyState] | None = None, defers: bool = False) -> None:
         """The collective half of the background compiles, in the order every rank met the keys.
 
         A void step (some rank failed) met keys that no later step runs: their compiles are dropped.
-        Online, a key's compiles are gathered at the first step's end where every rank has finished its
-        share (`everywhere`, agreed with the step: schedule.py); until then its launches run whichever
-        config is ready (_while_compiling).
+        Online, and re-executing with `defers`, a key's compiles are gathered at the first step's end where every
+        rank has finished its share (`everywhere`, agreed with the step: schedule.py); until then its launches
+        run whichever config is ready (_while_compiling). Re-executing, once no other key is left to time, the
+        step's end waits for them all instead: another execution would only wait too.
         """
         if void:
             for state in self.new_states:
                 state.compiling = None
             return
-        for state in self.new_states if not self.online else everywhere or []:
+        if self.online:
+            todo = everywhere or []
+        elif defers:
+            todo = list(everywhere or [])
+            if not todo and not any(not s.settled and s.compiling is None for s in self.search.kernels.values()):
+                todo = [s for s in self.search.kernels.values() if s.compiling is not None]
+        else:
+            todo = self.new_states
+        for state in todo:
             if state.compiling is not None:
                 self._precompiled(state, state.compiling.finish(self.services.comm))
                 if self.online:
@@ -385,7 +398,9 @@ class Executor:
         state.records.append(record)
         if slot is not None and slot.config in state.failures:
             record.failure = "skipped: this config failed in an earlier slot"
-        elif slot is not None:
+        # (a timed slot's config never launched on this rank launches untimed first; if that fails, the fallback)
+        elif slot is not None and (not slot.timed or slot.config in state.works or self.online
+                                   or self._first_launch_here(state, slot.config, record, args, kwargs)):
             if slot.timed and not state.overlapped:  # no stream is ever noted without CUDA: then always False
                 state.overlapped = self.services.overlapping()
             timer = self.services.timer
@@ -416,6 +431,21 @@ class Executor:
                     state.samples[slot.config].append(sample)
                 return result
         return self._fallback(state, record, args, kwargs)
+
+    def _first_launch_here(self, state: KeyState, index: int, record: SlotRecord, args: tuple,
+                           kwargs: dict[str, Any]) -> bool:
+        """Launch config `index` untimed before its first timed slot on this rank: its warm-up slot may have run
+        another config (a stand-in runs whichever config this rank compiled first, and the other ranks' share is
+        only loaded here), and a first launch pays one-off host work (the quarantine's note, Triton's first
+        launch) while the GPU waits, which the span would count (all-gather + GEMM: a config 1.9x slower on the
+        one rank that had not run it, screened out, the best one; issue 35). Not online: a slot is a real call."""
+        ok, out = self._launch_noted(state, index, lambda: self._run_config(state.autotuner, state.configs[index],
+                                                                            args, kwargs))
+        if ok:
+            state.works.add(index)
+        else:
+            record.failure = out
+        return ok
 
     def _try_launch(self, state: KeyState, index: int, args: tuple, kwargs: dict[str, Any]) -> tuple[bool, Any]:
         """Launch config `index`: (True, its return value), or (False, the reason) if the config cannot

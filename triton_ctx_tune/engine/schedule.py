@@ -13,8 +13,11 @@ earlier broadcasts made the same on every rank. Its fixed order:
 3. an error any rank found (a key not launched again) is raised on every rank;
 4. the final run, clean on every rank: the call ends;
 5. quarantined configs of the keys met in the step (one gather per key met, in the order met);
-6. compile results: of each key met (re-execution), or of the keys every rank has finished compiling
-   (online: their flags rode along in step 1; one gather per finished key);
+6. compile results of the keys every rank has finished compiling (their flags rode along in step 1; one
+   gather per finished key): online, of keys met in earlier steps; re-executing, of every key still compiling,
+   those met in this step included, and of all of them once nothing else is left to time (the same fact
+   everywhere: it reads the agreed search). Without deferral (function spaces, objective="end_to_end"): of each
+   key met, at the end of the step that met it;
 7. validation verdicts, when validating;
 8. the decisions of the tunables whose slots ran out (one gather of timings, one broadcast).
 
@@ -24,6 +27,7 @@ length, with the same warm-up positions (state.py), so "ran out" is the same fac
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +50,8 @@ class StepReport:
     slots: list[list[Any]]  # per tunable still tuning: [what, slots taken, slots planned]
     failure: str | None = None  # the step failed here (a point's execution raised)
     error: str | None = None  # an error every rank raises once agreed (a key not launched again)
-    # Online: per key compiling since an earlier step (compiling_keys' order), whether this rank has finished.
+    # Per key still compiling (compiling_keys' order), whether this rank has finished its share: online and
+    # when re-execution defers compiles (Session.defers); otherwise empty.
     compiled: list[int] = field(default_factory=list)
 
     def identity(self) -> bytes:
@@ -62,18 +67,31 @@ class StepReport:
 
     @staticmethod
     def of(search: Search, a: Assignment, new: list[KeyState], launches: int, failure: str | None,
-           error: str | None, online: bool) -> StepReport:
+           error: str | None, online: bool, defers: bool = False) -> StepReport:
         tuning = [t for t in _tunables(search) if not t.settled]
-        compiled = [int(s.compiling.done) for s in compiling_keys(search, new)] if online else []
+        compiled: list[int] = []
+        if online or defers:
+            fresh = {id(s) for s in new}
+            grace_ends = time.monotonic() + DEFER_GRACE_S
+            for s in compiling_keys(search, new, with_new=defers and not online):
+                if id(s) in fresh:  # met just now: a share that ends within the grace is gathered now, as ever
+                    s.compiling.wait(max(0.0, grace_ends - time.monotonic()))
+                compiled.append(int(s.compiling.done))
         return StepReport([s.describe() for s in new], launches,
                           None if a.measured is None else [a.measured.describe(), a.config],
                           [[name(t), t.next_slot, t.total_slots] for t in tuning], failure, error, compiled)
 
 
-def compiling_keys(search: Search, new: list[KeyState]) -> list[KeyState]:
-    """Keys whose background compiles an earlier step started and every rank has not yet finished: the
-    same keys, in the same order, on every rank (a step's new keys are agreed only at its end)."""
-    fresh = {id(s) for s in new}
+# Re-executing, how long a step's end waits for the compiles of a key met in that step before it may defer them:
+# a key whose share ends in time is gathered at once, as without deferral (CPU runs, warm caches, small keys).
+DEFER_GRACE_S = 0.25
+
+
+def compiling_keys(search: Search, new: list[KeyState], with_new: bool = False) -> list[KeyState]:
+    """Keys whose background compiles have not been gathered: those an earlier step started, and `with_new`,
+    those of this step too. The same keys in the same order on every rank: their order is the order met, and a
+    step's new keys are part of its identity, checked in the same gather that carries their flags."""
+    fresh = set() if with_new else {id(s) for s in new}
     return [s for s in search.kernels.values() if s.compiling is not None and id(s) not in fresh]
 
 
@@ -84,21 +102,22 @@ class StepEnd:
     error: str | None = None  # raised on every rank
     final: bool = False  # the final run: nothing follows
     clean: bool = False  # no slot taken and no key met, on every rank
-    compiled: list[KeyState] = field(default_factory=list)  # online: keys every rank has finished compiling
+    compiled: list[KeyState] = field(default_factory=list)  # keys every rank has finished compiling (flagged)
 
     @property
     def void(self) -> bool:
         return bool(self.failures)
 
 
-def plan(reports: list[StepReport], search: Search, new: list[KeyState], compiled: list[int]) -> StepEnd:
+def plan(reports: list[StepReport], search: Search, new: list[KeyState], compiled: list[int],
+         with_new: bool = False) -> StepEnd:
     """The step's end from every rank's report (equal identities: checked before this), the search, and the
-    compile flags every rank finished (`compiled`, the minimum over ranks)."""
+    compile flags every rank finished (`compiled`, the minimum over ranks, of compiling_keys(with_new))."""
     failures = {r: rep.failure for r, rep in enumerate(reports) if rep.failure is not None}
     error = next((rep.error for rep in reports if rep.error is not None), None)
     mine = reports[0]  # identities are equal: any rank's report says what every rank's does
     clean = mine.launches == 0 and not mine.new
-    done = [s for s, flag in zip(compiling_keys(search, new), compiled) if flag]
+    done = [s for s, flag in zip(compiling_keys(search, new, with_new), compiled) if flag]
     return StepEnd(failures, None if failures else error, not failures and error is None and clean and search.finished,
                    clean, done)
 

@@ -74,6 +74,11 @@ class Session:
         self.services = CallServices(function, opts)
         self.executor = Executor(self.services, opts, self.search, self.stats, pins)
         self.online = opts.online
+        # Re-executing, a key whose configs still compile at the end of the step that met it no longer holds up
+        # every other key: its compiles are gathered at the first step's end where every rank has finished its
+        # share (schedule.py, 6), and meanwhile its launches run a config that is ready, untimed. Not for a
+        # function space or objective="end_to_end", whose steps are timed whole.
+        self.defers = not self.online and points is None and opts.objective != "end_to_end"
         self._slot_marks: dict[int, int] = {}
         self.on_point_decided: Callable[[Session, Any], None] = lambda session, decided: None  # function_tuner's store
         ex, sv = self.executor, self.services
@@ -170,11 +175,14 @@ class Session:
             for run in range(runs):
                 token = None
                 if timed:
-                    # Right after the barrier the GPU is idle, and a sample would include the host's time
-                    # to enqueue each launch, which a busy program hides: points with more launches would
-                    # look slower than they run. So the GPU first waits about as long as an execution's
-                    # host side. Later runs find the GPU still busy with the one before.
-                    head_start = min(1.25 * self._host_s + 5e-5, HEAD_START_MAX_S) if run == 0 else 0.0
+                    # A sample would include the host's time to enqueue each launch whenever the GPU waits for
+                    # the host, which a busy program hides: points with more launches (a chunked all-gather's)
+                    # would look slower than they run. So the GPU first waits about as long as the host takes
+                    # to enqueue all the step's runs: they are then queued back to back, and the collectives in
+                    # them keep the ranks in step. (Waiting only one execution's host time, a later run found
+                    # the GPU idle wherever the host was the slower: all-gather + GEMM on an H200, 0.6 ms of
+                    # GPU work per execution and about as much host work while tuning; issue 35.)
+                    head_start = min(1.25 * self._host_s * runs + 5e-5, HEAD_START_MAX_S) if run == 0 else 0.0
                     token = timer.start(flush=True, head_start_s=head_start)
                 result = execute(a.kwargs)
                 if token is not None:
@@ -215,7 +223,7 @@ class Session:
             return False
         try:
             end = self._agree(StepReport.of(self.search, a, ex.new_states, ex.tuning_launches, failure,
-                                            self._missing_launch(failure), self.online))
+                                            self._missing_launch(failure), self.online, self.defers))
         except CollectiveTimeoutError as e:
             self.executor.name_suspects(e)
             raise
@@ -236,7 +244,7 @@ class Session:
         if self.services.quarantine is not None:
             for state in ex.new_states:
                 ex.apply_quarantine(state)
-        ex.finish_compiles(void=False, everywhere=end.compiled)
+        ex.finish_compiles(void=False, everywhere=end.compiled, defers=self.defers)
         self.services.timer.sync()
         if self.checks is not None and self.checks.point_invalid(a, output):
             return False
@@ -326,17 +334,17 @@ class Session:
         raise RankMismatchError together, unless some rank failed the step (its launches need not match)."""
         new = self.executor.new_states
         if not self.comm.active:
-            return schedule.plan([mine], self.search, new, mine.compiled)
+            return schedule.plan([mine], self.search, new, mine.compiled, self.defers)
         flags, differing = self.comm.agree(mine.identity(), "agree on the step", mine.explain, payload=mine.flags())
         compiled = flags[:, 2:].amin(0).tolist() if differing is None else []
         if differing is None and not bool(flags[:, :2].any()):
-            return schedule.plan([mine] * self.comm.world, self.search, new, compiled)
+            return schedule.plan([mine] * self.comm.world, self.search, new, compiled, self.defers)
         if differing is None:  # the same step everywhere, but a rank failed or found an error: say which
             differing = self.comm.all_gather_bytes(mine.explain(), "agree on the step: every rank's failures")
         reports = [StepReport(**json.loads(b)) for b in differing]
         if not bool(flags[:, 0].any()) and any(r.identity() != reports[0].identity() for r in reports):
             raise RankMismatchError(_describe_mismatch(reports))
-        return schedule.plan(reports, self.search, new, compiled)
+        return schedule.plan(reports, self.search, new, compiled, self.defers)
 
 
 def _describe_mismatch(everyone: list[StepReport]) -> str:

@@ -51,7 +51,7 @@ EVENTS: dict[str, EventSpec] = dict([
     # could take, and why; stolen: other local ranks' configs this rank's workers compiled ahead.
     _spec("precompile", "a key's configs compiled in the background", "kernel", "key", "mine", "seconds", "failures",
           "rejected", "skipped", "by_workers", "workers", "ran_meanwhile", "places", "counts", "compile_s", "wall_s",
-          "parallelism", "undescribed", "stolen"),
+          "parallelism", "undescribed", "stolen", "phases", "met_s", "spans"),
     _spec("compile", "a call's compiles over all its keys: configs per place, the sum of their compile times, the "
           "wall time and their ratio; first_slot_s: from the first launch of a key tuned to the first timed slot",
           "function", "keys", "configs", "workers", "here", "ranks", "cache", "pool", "compile_s", "wall_s",

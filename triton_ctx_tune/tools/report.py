@@ -502,8 +502,10 @@ def _screened_elsewhere(r: KeyReport, j: int) -> bool:
 
 
 def _runner_up(r: KeyReport) -> tuple[int, float] | None:
-    """The fastest config other than the winner that has a time, and that time."""
-    ranked = sorted((t, j) for j, t in enumerate(r.ms) if t is not None and j != r.winner)
+    """The fastest config other than the winner that has a time, and that time; of a key that re-timed its close
+    candidates, the fastest other candidate (only they competed: engine/decisions.py)."""
+    ranked = sorted((t, j) for j, t in enumerate(r.ms) if t is not None and j != r.winner
+                    and (not r.confirmed or j in r.confirmed))
     return (ranked[0][1], ranked[0][0]) if ranked else None
 
 
@@ -592,9 +594,14 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
             q = (f"{r.q20[j]:.3f}..{r.q80[j]:.3f}" if j < len(r.q20) and r.q20[j] is not None
                  and j < len(r.q80) and r.q80[j] is not None else "-")
             ranks = "".join(f"  {_rank_ms(r, rank, j):>10}" for rank in range(len(r.per_rank)))
+            # Why a config that did not win lost: a reader comparing with an exhaustive sweep finds its pick here.
             carried = ("  (carried over, scaled)" if j in r.carried else
                        f"  (screened out on rank {r.screened_on[j]}, not run on the others)" if j in r.screened_on
-                       else "")
+                       else "  (screened out: its screening time)" if (j in r.screened_out and j != r.winner
+                                                                      and j not in r.failures)
+                       else "  (per launch: not among the candidates re-timed end to end)"
+                       if r.confirmed and r.end_to_end and j not in r.confirmed else
+                       "  (end to end)" if r.confirmed and r.end_to_end else "")
             lines.append(f"    {mark} #{j:<3}  {_ms(r.ms[j] if j < len(r.ms) else None):>10}  {q:>19}{ranks}  "
                          f"{config}{carried}")
     return lines
@@ -603,7 +610,8 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
 def _confirmed_line(r: KeyReport) -> str:
     """E.g. "confirmed  #1, #2 re-timed interleaved before the decision: #2 ahead by 1.3%"."""
     assert r.confirmed and r.winner is not None  # (format_key's: a decided key)
-    names = ", ".join(f"#{j}" for j in r.confirmed) + (" (overlapped: end to end)" if r.end_to_end else "")
+    names = ", ".join(f"#{j}" for j in r.confirmed) + (
+        " (end to end: their times are whole calls, the others' a launch's)" if r.end_to_end else "")
     others = [t for j in r.confirmed if j != r.winner and j < len(r.ms) and (t := r.ms[j]) is not None]
     best = r.ms[r.winner] if r.winner < len(r.ms) else None
     if not others or best is None or best <= 0:
