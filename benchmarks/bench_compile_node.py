@@ -37,7 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPILE_LINE = re.compile(r"\[triton_ctx_tune\] (?P<function>[^:]+): (?P<line>compile: .*)$")
 
 FLA_ARMS = {"ours": ("ours", {}), "ours-noworkers": ("ours", {"TRITON_CTX_TUNE_COMPILE_WORKERS": "0"}),
-            "plain": ("plain", {})}
+            "plain": ("plain", {}),
+            # ours with rank 0's threads sampled (run_clients.py --profile): where the parent's time goes; the
+            # sampler holds the GIL while it walks the stacks, so this arm's times are not the benchmark's.
+            "ours-profile": ("ours", {})}
 MLP_ARMS = {"ours": {}, "ours-noworkers": {"TRITON_CTX_TUNE_COMPILE_WORKERS": "0"}}
 
 
@@ -100,6 +103,14 @@ def _key_lines(logs: Path) -> list[str]:
                    f"{n.get('here', 0):>3} here {n.get('cache', 0):>3} cache, {r.get('compile_s', 0.0):6.1f} s in "
                    f"{r.get('wall_s', 0.0):5.1f} s (x{par:.1f})" if par is not None else
                    f"    {r['kernel'][:28]:<28} {n}")
+        phases = r.get("phases") or {}
+        if phases:  # where this process spent the key's time (precompile.Compiled.phases)
+            met = r.get("met_s")
+            out.append(f"        met at {met if met is None else round(met, 2)} s; "
+                       + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
+        spans = sorted((a, b, int(i)) for i, (a, b) in (r.get("spans") or {}).items())
+        if spans:  # each config of this rank's share: from its place in the gate to its end, from the key's start
+            out.append("        spans: " + " ".join(f"#{i} {a:.1f}-{b:.1f}" for a, b, i in spans))
     return out
 
 
@@ -110,7 +121,7 @@ def fla(arm: str, world: int, rep: int, out: Path, args: argparse.Namespace) -> 
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = ["./launch", "benchmarks/clients/run_clients.py", "--arm", mode, "--clients", "fla_simple_gla",
            "--step-iters", str(args.step_iters), "--out", str(run_dir / "result.json")] + (
-        ["--small"] if args.small else [])
+        ["--small"] if args.small else []) + (["--profile", str(run_dir / "profile")] if arm == "ours-profile" else [])
     code, wall, text = _run(cmd, _env(extra, world), run_dir / "run.log", args.timeout_s)
     row: dict[str, Any] = {"op": "fla", "arm": arm, "world": world, "repeat": rep, "rc": code, "job_s": wall,
                            "compile": _compile_lines(text)}

@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-vanilla", action="store_true", help="skip the plain triton.autotune baseline")
     p.add_argument("--rep-ms", type=int, help="quality: do_bench rep (ms) per config (default 200)")
     p.add_argument("--rounds", type=int, help="quality: interleaved op-latency rounds (default 10; --small 2)")
+    p.add_argument("--quality-calls", type=int, default=1,
+                   help="quality: tuning calls scored (each with its caches cleared; the first one cold; default 1)")
     p.add_argument("--op-iters", type=int, help="timed op calls per round (default 30; --small 2)")
     p.add_argument("--dispatch-rounds", type=int, help="dispatch: rounds (default 40; --small 3)")
     p.add_argument("--dispatch-launches", type=int, help="dispatch: launches per round (default 1000; --small 5)")
