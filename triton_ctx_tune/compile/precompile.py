@@ -23,7 +23,8 @@ never waited for), and so is one whose worker crashes; the gathers make the conf
 every rank.
 
 No other thread started here outlives its work: run_with_deadline joins its threads before it
-returns, finish() joins the background one, and at exit an atexit hook stops the ones a call left
+returns, the background one ends with its share (or, once finish() stopped its stealing, with the
+stolen configs a worker still had in hand), and at exit an atexit hook stops the ones a call left
 running (it raised before finish()) and waits for them, before the interpreter finalizes (a daemon
 thread that is still running there is ended inside the runtime, not let return).
 
@@ -605,12 +606,16 @@ class Precompiling:
             return self._settled
 
     def finish(self, comm: Collectives) -> Compiled:
-        self._stop_stealing.set()  # the configs in a worker's hands finish; no further one starts
+        self._stop_stealing.set()  # no further stolen config starts
         clock = time.perf_counter()
         if self._thread is None:
             self._compile_mine(waited_for=False)
         else:
-            self._thread.join()
+            # This rank's share only: a stolen config still in a worker's hands is left to finish in the background.
+            # Its owner has compiled it by now (every rank finished its share), so waiting for it gains nothing, and
+            # it cost FLA's step 5.6 s (a chunk_bwd_kernel_dqkwg config, 6 s to compile, stolen just before).
+            with self._cond:
+                self._cond.wait_for(lambda: self._settled)
         if self._error is not None:
             raise self._error
         assert self._outcome is not None
