@@ -439,8 +439,7 @@ class Executor:
         only loaded here), and a first launch pays one-off host work (the quarantine's note, Triton's first
         launch) while the GPU waits, which the span would count (all-gather + GEMM: a config 1.9x slower on the
         one rank that had not run it, screened out, the best one; issue 35). Not online: a slot is a real call."""
-        ok, out = self._launch_noted(state, index, lambda: self._run_config(state.autotuner, state.configs[index],
-                                                                            args, kwargs))
+        ok, out = self._try_launch(state, index, args, kwargs)
         if ok:
             state.works.add(index)
         else:
