@@ -5,7 +5,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -660,3 +660,37 @@ def test_a_warm_launch_runs_the_config_it_finds_even_when_configs_are_rebuilt():
     y = op(torch.zeros(120, device=DEVICE))
     assert launched == [16] and op.last_call.executions == 1 and y.sum().item() == 16  # one program of BLOCK 16
     K.reset_caches()
+
+
+# A config's first launch on a rank pays one-off host work (on a GPU, while the GPU waits: the span counts it).
+# BLOCK 32 spends 20 ms a launch and 40 more on its first; BLOCK 64 spends 25 ms. With no warm-up, BLOCK 32's
+# only sample was once its first launch (60 ms) and BLOCK 64 won; its first launch now runs untimed (issue 35).
+_first_launches: list[int] = []
+
+
+def _first_is_slow(block: int, ms: float, first_extra: float) -> Callable[[dict], None]:
+    def hook(nargs: dict) -> None:
+        extra = first_extra if block not in _first_launches else 0.0
+        _first_launches.append(block)
+        K.spend(ms + extra)
+    return hook
+
+
+_first_kernel = triton.autotune(
+    configs=[triton.Config({"BLOCK": 64}, num_warps=4, pre_hook=_first_is_slow(64, 25.0, 0.0)),
+             triton.Config({"BLOCK": 32}, num_warps=4, pre_hook=_first_is_slow(32, 20.0, 40.0))],
+    key=["n"])(triton.jit(K.double_.fn.fn))
+
+
+def test_a_configs_first_launch_on_a_rank_is_never_its_timed_sample():
+    _first_launches.clear()
+
+    @contextual_autotune(n_warmup=0, n_repeat=1, early_stop=False, cache=False)
+    def op(x: torch.Tensor) -> torch.Tensor:
+        _first_kernel[grid(x.numel())](x, x.numel())
+        return x
+
+    op(torch.ones(64, device=DEVICE))
+    assert chosen(_first_kernel) == {(64, "torch.float32"): 32}
+    # Each config ran untimed before its timed slot (BLOCK 64, config 0, as the first execution's stand-in).
+    assert _first_launches.count(64) >= 2 and _first_launches.count(32) >= 2

@@ -341,3 +341,30 @@ def test_a_budgeted_kernel_of_a_point_is_decided_by_the_same_end_to_end_rule(tmp
     assert any(e["event"] == "rung" for e in events)  # the budget decided the search
     confirms = [e for e in events if e["event"] == "confirm"]
     assert confirms and all(e["end_to_end"] and sorted(e["candidates"]) == [0, 1] for e in confirms)
+
+
+# Issue 35's first cause: a key confirmed end to end re-times only its close candidates, as whole calls; the others
+# keep a launch's time. Per launch BLOCK 32/16/8 cost 20/21/22 ms (candidates, within 30%), BLOCK 4/2 26/27 ms (not
+# re-timed, but kept by the screening) and BLOCK 1 40 ms; the call adds 10 ms, and 10 more after BLOCK 32. Compared
+# with the candidates' call times (40, 31, 32 ms), BLOCK 4's 26 ms per launch once won: it costs 36 ms a call.
+_MIXED_COST = {32: 20.0, 16: 21.0, 8: 22.0, 4: 26.0, 2: 27.0, 1: 40.0}
+_mixed_kernel = triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=4, pre_hook=_noting(b, ms))
+                                         for b, ms in _MIXED_COST.items()], key=["n"])(triton.jit(double_.fn.fn))
+
+
+def test_a_key_confirmed_end_to_end_is_decided_among_its_re_timed_candidates_only(tmp_path):
+    @autotune(config_space=[{"extra": 0}, {"extra": 1}], key_fn=lambda x: x.numel(), n_warmup=1, n_repeat=3,
+              cache=False, e2e_runs=1, log_dir=str(tmp_path / "logs"))
+    def op(x: torch.Tensor, *, extra: int) -> torch.Tensor:
+        _ran.clear()
+        _mixed_kernel[grid(x.numel())](x, x.numel())
+        spend(10.0 + (10.0 if _ran and _ran[-1] == 32 else 0.0) + extra)
+        return x
+
+    op(torch.ones(64, device=DEVICE))
+    assert {t.point: t.config.split(",")[0] for t in op.last_call.tuned} == {0: "BLOCK=16", 1: "BLOCK=16"}
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    confirms = [e for e in events if e["event"] == "confirm"]
+    assert confirms and all(e["end_to_end"] and e["candidates"] == [0, 1, 2] for e in confirms)
+    text = format_report(build(tmp_path / "logs"))
+    assert "(per launch: not among the candidates re-timed end to end)" in text and "(end to end)" in text
