@@ -183,6 +183,36 @@ def cold_start() -> dict[str, Any]:
             "pids": get_pool(2).pids(), "zygote": get_pool(2).zygote.pid}
 
 
+def urgent_first(pool: Any) -> dict[str, Any]:
+    """Both workers busy; a config waits for one, then the config an execution waits for (urgent) asks too: the
+    first worker to be free goes to the urgent one, although the other asked first."""
+    import threading
+
+    held = [pool.acquire(5.0), pool.acquire(5.0)]
+    got: list[str] = []
+
+    def ask(who: str, urgent: bool) -> None:
+        acquired = pool.acquire(10.0, urgent=urgent)
+        got.append(who)
+        if acquired is not None:
+            time.sleep(0.3)  # it compiles meanwhile
+            pool._release(acquired[0], replace=False)
+
+    plain = threading.Thread(target=ask, args=("plain", False))
+    plain.start()
+    time.sleep(0.2)
+    urgent = threading.Thread(target=ask, args=("urgent", True))
+    urgent.start()
+    time.sleep(0.2)
+    pool._release(held[0][0], replace=False)  # one worker is free
+    time.sleep(0.1)
+    first = list(got)
+    pool._release(held[1][0], replace=False)
+    plain.join(15)
+    urgent.join(15)
+    return {"first": first, "order": got}
+
+
 def scenario(name: str) -> dict[str, Any]:
     if name == "default":
         return default_path()
@@ -254,6 +284,8 @@ def scenario(name: str) -> dict[str, Any]:
         os.environ["CUDA_TOUCH_PARENT"] = str(os.getpid())
         from tests import cuda_touch_kernels as C
         return {"pids": pids, "result": tune(C.touchy_add_one_, 64), "gpu_name": C.GPU_NAME}
+    if name == "urgent":
+        return {"pids": pids, **urgent_first(pool)}
     if name == "hold":
         print(json.dumps({"pids": pids, "parent": os.getpid(), "zygote": pool.zygote.pid}), flush=True)
         time.sleep(3600)  # the test kills this process

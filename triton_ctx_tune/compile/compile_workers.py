@@ -234,6 +234,7 @@ class WorkerPool:
         self._workers: list[_Worker] = []
         self._boot_failures = 0
         self._closed = False
+        self._urgent = 0  # callers of acquire(urgent=True) waiting now
         # Kernels a worker could not rebuild (why, as the worker said it): they compile in the rank's process.
         self.unusable: dict[str, str] = {}
         self.made = time.monotonic()
@@ -321,28 +322,39 @@ class WorkerPool:
         with self._cond:
             return not self._closed and self._count("idle", "busy", "booting") > 0
 
-    def acquire(self, wait_s: float) -> tuple[_Worker, int] | None:
+    def acquire(self, wait_s: float, urgent: bool = False) -> tuple[_Worker, int] | None:
         """An idle worker and its pid, waiting up to `wait_s` for one; None if none came (or the pool is closed
-        or has no live worker)."""
+        or has no live worker). While an `urgent` caller waits (the config an execution waits for), other
+        callers leave idle workers to it."""
         deadline = time.monotonic() + wait_s
         with self._cond:
-            while True:
-                if self._closed:
-                    return None
-                for w in self._workers:
-                    if w.state == "idle" and w.pid is not None:  # (idle: it booted, so it has a pid)
-                        if self.zygote.exit_code(w.pid) is not None:  # died while idle (killed from outside)
-                            w.kill()
-                            self._workers.remove(w)
-                            self._start()
-                            break
-                        w.state = "busy"
-                        return w, w.pid
-                else:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not self._count("idle", "busy", "booting"):
-                        return None
-                    self._cond.wait(min(left, 0.5))
+            self._urgent += urgent
+            try:
+                return self._acquire(deadline, urgent)
+            finally:
+                self._urgent -= urgent
+                self._cond.notify_all()
+
+    def _acquire(self, deadline: float, urgent: bool) -> tuple[_Worker, int] | None:  # under self._cond
+        while True:
+            if self._closed:
+                return None
+            mine = urgent or not self._urgent
+            for w in [w for w in self._workers if mine and w.state == "idle"]:
+                pid = w.pid
+                if pid is None:
+                    continue  # (idle means it booted, so it has a pid)
+                if self.zygote.exit_code(pid) is not None:  # died while idle (killed from outside)
+                    w.kill()
+                    self._workers.remove(w)
+                    self._start()
+                    continue
+                w.state = "busy"
+                return w, pid
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._count("idle", "busy", "booting"):
+                return None
+            self._cond.wait(min(left, 0.5))
 
     def _release(self, worker: _Worker, replace: bool) -> None:
         with self._cond:
