@@ -368,3 +368,21 @@ def test_a_key_confirmed_end_to_end_is_decided_among_its_re_timed_candidates_onl
     assert confirms and all(e["end_to_end"] and e["candidates"] == [0, 1, 2] for e in confirms)
     text = format_report(build(tmp_path / "logs"))
     assert "(per launch: not among the candidates re-timed end to end)" in text and "(end to end)" in text
+
+
+def test_a_surviving_point_takes_no_second_round_of_warm_ups(tmp_path):
+    """Its warm-ups came before its screening step, and every step of its kernels' tuning ran it since."""
+    @autotune(config_space=[{"extra": 1.0}, {"extra": 1.2}], key_fn=lambda x: x.numel(), n_warmup=3, n_repeat=3,
+              early_stop=1.5, cache=False, e2e_runs=1, log_dir=str(tmp_path / "logs"))
+    def op(x: torch.Tensor, *, extra: float) -> torch.Tensor:
+        double_[grid(x.numel())](x, x.numel())
+        spend(10.0 * extra)
+        return x
+
+    op(torch.ones(64, device=DEVICE))
+    assert op.last_call.point == {"extra": 1.0}
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    steps = [e for e in events if e["event"] == "step" and e["kind"] == "point"]
+    for p in (0, 1):  # both within 1.5x: both survive the screening
+        mine = [e["timed"] for e in steps if e["point"] == p]
+        assert mine == [False, False, False, True, True, True], mine  # 3 warm-ups, screening, n_repeat - 1 more

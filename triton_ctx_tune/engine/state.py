@@ -130,6 +130,11 @@ class Tunable:
         """Warm-ups before a config's screening sample: one launch is enough to load and warm a kernel."""
         return min(self.n_warmup, 1)
 
+    def survivor_warmups(self) -> int:
+        """Warm-ups a screening's survivor takes before its remaining timed slots. A precompiled config has been
+        compiled, loaded and launched once: more warm-ups add nothing."""
+        return 0 if self.precompiled else max(self.n_warmup - 1, 0)
+
     def _extend(self, configs: Iterable[int], warmups: int, timed: int, interleave: bool = False) -> None:
         configs = list(configs)
         done = {c: sum(1 for s in self.plan if s.config == c) for c in configs}
@@ -176,8 +181,7 @@ class Tunable:
             # Anchors too take every lockstep slot: their screening sample came from one rank only.
             self._time_in_lockstep([c for c in survivors if c not in self.carried])
             return
-        # A precompiled config has been compiled, loaded and launched once: more warm-ups add nothing.
-        warmups = 0 if self.precompiled else max(self.n_warmup - 1, 0)
+        warmups = self.survivor_warmups()
         timed = [c for c in survivors if c not in self.carried]
         # A survivor earns its n_repeat - 1 timed slots with a screening sample that asked whether it was worth
         # them; an anchor was already known to be (the old entry's fastest, or its winner), so its screening
