@@ -160,9 +160,10 @@ def default_path() -> dict[str, Any]:
 
 
 def cold_start() -> dict[str, Any]:
-    """A function decorated just before its first call: the zygote still imports torch when the first key's
-    configs start. The execution waits for one config, compiled in this process at once; the others wait for
-    the workers (at most one more at a time here) instead of all compiling here, GIL-bound (issue 37)."""
+    """A function decorated just before its first call: the zygote is still starting when the first key's
+    configs start. The execution waits for one config (config 0 compiled in this process at once while no worker
+    is ready); the others wait for the workers (at most one more at a time here) instead of all compiling here,
+    GIL-bound (issue 37)."""
     from triton_ctx_tune.compile import compile_workers as CW
 
     CW.get_zygote()  # as decorating does; not waited for

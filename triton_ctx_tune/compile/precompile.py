@@ -9,9 +9,9 @@ describes the config (compat.describe_compile: the kernel's source and what Trit
 takes), hands it over and then runs Triton's own compile-only path (`run(warmup=True)`) here, a
 disk-cache hit by then. A config waits for a worker while any is ready or starting; this process
 compiles one itself only where no worker can: while none is ready yet (one config at a time,
-HERE_SLOT), the config an execution waits for when no worker is free within FIRST_WAIT_S (it takes
-the next free worker ahead of the others), a config it cannot describe, compile_workers=0, or the
-interpreter. Each config's place (workers, here, cache) and compile time
+HERE_SLOT; and the config an execution waits for, at once), the config an execution waits for when
+no worker is free within FIRST_WAIT_S (it takes the next free worker ahead of the others), a config
+it cannot describe, compile_workers=0, or the interpreter. Each config's place (workers, here, cache) and compile time
 go to the precompile event. A rank whose share is done goes on, until the step's end, with the
 other local ranks' configs (stolen: they only warm the shared cache). Ranks on
 one node split the configs (config i goes to local rank i % local_world) and meet in one bounded
@@ -245,11 +245,12 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
             if _EXITING.is_set():
                 return True, EXIT_REASON
             # The config an execution waits for takes the next worker to be free, ahead of every other config, and
-            # compiles here only if none is free within FIRST_WAIT_S: compiling here, under the GIL beside the
-            # execution, took FLA's large chunk_bwd_kernel_dqkwg config 7.3 s against 3.8 s in a worker.
+            # compiles here only if none is free within FIRST_WAIT_S (at once while none is ready: at a cold start):
+            # compiling here, under the GIL beside the execution, took FLA's large chunk_bwd_kernel_dqkwg config
+            # 7.3 s against 3.8 s in a worker.
             waited = time.perf_counter()
-            acquired = (pool.acquire(FIRST_WAIT_S, urgent=True) if i == first and not pool.forking()
-                        else pool.acquire(POLL_S))
+            acquired = (pool.acquire(FIRST_WAIT_S if pool.ready() else 0.0, urgent=True)
+                        if i == first and not pool.forking() else pool.acquire(POLL_S))
             out.add("wait_s", time.perf_counter() - waited)
             if acquired is None and i == first:
                 return False, None
