@@ -11,8 +11,8 @@ disk-cache hit by then. A config waits for a worker while any is ready or starti
 compiles one itself only where no worker can: while none is ready yet (one config at a time,
 HERE_SLOT; and the config an execution waits for, at once), the config an execution waits for when
 no worker is free within FIRST_WAIT_S (it takes the next free worker ahead of the others), a config
-it cannot describe, compile_workers=0, or the interpreter. Each config's place (workers, here, cache) and compile time
-go to the precompile event. A rank whose share is done goes on, until the step's end, with the
+it cannot describe, compile_workers=0, or the interpreter. Each config's place (workers, here, cache)
+and compile time go to the precompile event. A rank whose share is done goes on, until the step's end, with the
 other local ranks' configs (stolen: they only warm the shared cache). Ranks on
 one node split the configs (config i goes to local rank i % local_world) and meet in one bounded
 all-gather, after which each loads the others' binaries from the shared Triton cache; a second
@@ -605,8 +605,9 @@ class Precompiling:
         with self._cond:
             return self._settled
 
-    def wait(self, timeout_s: float) -> bool:
-        """Wait up to `timeout_s` for this rank's share to finish (started: not when finish() compiles it); done."""
+    def wait(self, timeout_s: float | None) -> bool:
+        """Wait up to `timeout_s` (None: as long as it takes) for this rank's share to finish, once started (not
+        when finish() compiles it); whether it has."""
         with self._cond:
             if self._thread is not None:
                 self._cond.wait_for(lambda: self._settled, timeout_s)
@@ -621,8 +622,7 @@ class Precompiling:
             # This rank's share only: a stolen config still in a worker's hands is left to finish in the background.
             # Its owner has compiled it by now (every rank finished its share), so waiting for it gains nothing, and
             # it cost FLA's step 5.6 s (a chunk_bwd_kernel_dqkwg config, 6 s to compile, stolen just before).
-            with self._cond:
-                self._cond.wait_for(lambda: self._settled)
+            self.wait(None)
         if self._error is not None:
             raise self._error
         assert self._outcome is not None

@@ -79,13 +79,13 @@ class Decisions:
                 # Rank 0's next rung (its own clock sizes it under a seconds budget), or the winner among the
                 # finalists (re-timed end to end first where the key's unbudgeted search would confirm so, then
                 # decided below like any confirmed key); the broadcast makes it every rank's.
-                rung = s.budget.next_rung(self._times(s, reduced[i]), time.perf_counter() - s.started)
+                compared = self._times(s, reduced[i])
+                rung = s.budget.next_rung(compared, time.perf_counter() - s.started)
                 if rung:
                     for j, timed in rung.items():
                         keep[i, j] = BUDGET_CODE + timed
                 elif (choice := self._budget_choice(s, reduced[i], self._incumbent(s))) is not None:
-                    finalists = [j for j in s.budget.pick_finalists(self._times(s, reduced[i]))
-                                 if math.isfinite(self._times(s, reduced[i])[j])]
+                    finalists = [j for j in s.budget.pick_finalists(compared) if math.isfinite(compared[j])]
                     if len(finalists) > 1 and self._confirms_end_to_end(s):
                         keep[i, finalists] = CONFIRM_E2E_CODE
                     else:
