@@ -33,7 +33,7 @@ case "$mode" in
     NPROC=2 timeout 570 ./launch benchmarks/bench_mlp.py --table quality --quality-calls "${2:-5}" --no-vanilla \
       --out "$OUT" > "$OUT/quality.log" 2>&1; tail -30 "$OUT/quality.log" ;;
   gemm)
-    timeout 570 python3 benchmarks/bench_gemm_space.py --out "$OUT" --fractions 0.1 --compiles 100 2>&1 \
+    timeout "${GEMM_TIMEOUT_S:-570}" python3 benchmarks/bench_gemm_space.py --out "$OUT" --fractions 0.1 --compiles 100 2>&1 \
       | tee "$OUT/gemm_space.log" | tail -20 ;;
   *) echo "usage: $0 ag|compile|quality|gemm" >&2; exit 2 ;;
 esac

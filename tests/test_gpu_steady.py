@@ -96,7 +96,12 @@ def test_call_cost_benchmark_smoke(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     data = json.loads((tmp_path / "cost.json").read_text())
     assert {r["arm"] for r in data["rows"]} >= {"bare", "ours"}
-    assert data["miss"]["tuned"] and data["miss"]["executions"] > 1
+    # A warm call that meets a new key: that call or the next tunes it (re-executions), never Triton alone.
+    calls = data["miss"]["calls"]
+    assert len(calls) == 2
+    tuning = [c for c in calls if c["tuned"]]
+    assert len(tuning) == 1 and tuning[0]["executions"] > 1, calls
+    assert calls[0]["tuned"] or calls[0]["deferred"], calls
 
 
 def test_cuda_graph_timing_tunes_an_in_place_kernel_on_clones(tmp_path):
