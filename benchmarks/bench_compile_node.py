@@ -190,6 +190,7 @@ def main() -> int:
     p.add_argument("--ops", default="fla,mlp", help="fla, mlp or both (default fla,mlp)")
     p.add_argument("--arms", default="ours,ours-noworkers,plain", help="arms, comma-separated (plain: FLA only)")
     p.add_argument("--repeats", type=int, default=1, help="rounds; arms alternate within a round (default 1)")
+    p.add_argument("--once", default="", help="arms that run in the first round only, e.g. plain (2 minutes a run)")
     p.add_argument("--step-iters", type=int, default=3, help="FLA warm steps timed after the cold one (default 3)")
     p.add_argument("--timeout-s", type=float, default=420.0, help="per job (default 420)")
     p.add_argument("--small", action="store_true", help="tiny shapes (a functional smoke run, not the benchmark)")
@@ -204,7 +205,7 @@ def main() -> int:
         for world in worlds:
             for op in [o for o in args.ops.split(",") if o]:
                 for arm in arms:
-                    if op == "mlp" and arm not in MLP_ARMS:
+                    if (op == "mlp" and arm not in MLP_ARMS) or (rep > 1 and arm in args.once.split(",")):
                         continue
                     row = (fla if op == "fla" else mlp)(arm, world, rep, out, args)
                     rows.append(row)

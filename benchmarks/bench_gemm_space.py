@@ -1,11 +1,11 @@
-"""Budgeted search on a GEMM space of 1296 configs, 3 shapes: budgeted against exhaustive, compile time included.
+"""Budgeted search on a GEMM space of 1152 configs, 3 shapes: budgeted against exhaustive, compile time included.
 
     python benchmarks/bench_gemm_space.py --out $OUT                 # one GPU (bf16), about 5 minutes on an H100
     TRITON_INTERPRET=1 python benchmarks/bench_gemm_space.py --small --out /tmp/gs   # CPU smoke run (48 configs)
 
 The kernel is examples/mlp_kernels.py's matmul (c = a @ b, fp32 accumulation) under one @triton.autotune whose
 configs are every combination of BLOCK_M, BLOCK_N in {32, 64, 128, 256}, BLOCK_K in {32, 64, 128}, GROUP_M in
-{1, 4, 8}, num_warps in {4, 8}, num_stages in {2, 3, 4} (1296; the largest tiles do not fit in shared memory
+{1, 4, 8}, num_warps in {4, 8}, num_stages in {2, 3, 4, 5} (1152; the largest tiles do not fit in shared memory
 and fail, as they would in any sweep). One function launches it on 3 shapes, so one tuning call tunes the 3 keys
 side by side. Arms, each on a fresh JITFunction and a fresh, empty TRITON_CACHE_DIR (every compile counted):
   exhaustive     contextual_autotune without a budget: every config compiled (in parallel) and screened, the
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 SHAPES = {"large": [(4096, 4096, 4096), (16384, 1024, 1024), (256, 8192, 8192)],
           "small": [(32, 32, 32), (64, 16, 32), (16, 64, 64)]}
 SPACE = {"large": {"BLOCK_M": [32, 64, 128, 256], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [32, 64, 128],
-                   "GROUP_M": [1, 4, 8], "num_warps": [4, 8], "num_stages": [2, 3, 4]},
+                   "GROUP_M": [1, 4, 8], "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]},
          "small": {"BLOCK_M": [16, 32], "BLOCK_N": [16, 32], "BLOCK_K": [16, 32], "GROUP_M": [1, 8],
                    "num_warps": [4], "num_stages": [1, 2, 3]}}
 

@@ -27,7 +27,7 @@ case "$mode" in
   compile)
     WORLDS=2 REPEATS=${2:-3} bash -c "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
       --upgrade --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:$PWD timeout ${TIMEOUT_S:-570} python3 \
-      benchmarks/bench_compile_node.py --out $OUT --worlds 2 --ops ${OPS:-fla,mlp} --arms ${3:-ours,ours-noworkers,plain} \
+      benchmarks/bench_compile_node.py --out $OUT --worlds 2 --ops ${OPS:-fla,mlp} --arms ${3:-ours,ours-noworkers,plain} --once=${ONCE:-} \
       --repeats \$REPEATS --timeout-s ${JOB_TIMEOUT_S:-200}" 2>&1 | tail -80 ;;
   quality)
     NPROC=2 timeout 570 ./launch benchmarks/bench_mlp.py --table quality --quality-calls "${2:-5}" --no-vanilla \

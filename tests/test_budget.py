@@ -3,6 +3,7 @@ agreement in test_budget_dist.py's ranks."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import triton
 from tests import budget_kernels as bk
 from tests.kernels import DEVICE, autotuner
 from triton_ctx_tune import InvalidOptionError, contextual_autotune
+from triton_ctx_tune.engine.budget import BudgetSearch
 from triton_ctx_tune.options import Budget, TuneOptions
 
 FAST = dict(n_warmup=1, n_repeat=3, quiet=True)
@@ -109,6 +111,34 @@ def test_a_seconds_budget_stops_exploring(tmp_path):
     record = _entry(tmp_path)["tuned"]["budget"]
     assert record["measure"] == "seconds" and 8 <= len(record["explored"]) < 1200
     assert record["decided_by_budget"]
+
+
+def test_a_seconds_budget_with_compile_workers_explores_in_rungs_as_wide_as_the_workers():
+    """A rung's configs compile side by side, so a rung costs about one compile's wall time whatever its width (up
+    to the workers): rank 0 counts what is left in rungs, each as wide as its workers, and spreads a wide rung over
+    the neighbourhoods of the three fastest configs rather than the fastest one's alone."""
+    configs = bk.configs()
+    costs = [bk.cost_ms(bk.point_of(c)) for c in configs]
+    wide = BudgetSearch(configs, "seconds", 10.0, n_repeat=3, parallel=16, first_width=16)
+    first = wide.first_rung()
+    assert len(first) == 16
+    wide.apply(first)
+    times = [costs[i] if i in first else math.inf for i in range(len(configs))]
+    # The first rung took 2 s (32 slots): 3 rungs of 16 fit in the 8 s left, less the finalists' 9 slots.
+    assert wide._explorable_now(2.0) == 48
+    rung = wide.next_rung(times, 2.0)
+    assert len(rung) == 16 and not set(rung) & set(first)
+    fastest = sorted(first, key=lambda i: costs[i])[:3]
+    for parent in fastest:
+        one_step, _ = wide.neighbours(parent)
+        assert set(one_step) & set(rung), parent
+    # Without workers the same state is priced per config (2 s / 16) and a rung is a quarter of what is left.
+    narrow = BudgetSearch(configs, "seconds", 10.0, n_repeat=3)
+    assert len(narrow.first_rung()) == 8
+    narrow.apply(first)
+    left = narrow._explorable_now(2.0)
+    assert left == int((8.0 - 9 * 2.0 / 32) // (2.0 / 16))
+    assert len(narrow.next_rung(times, 2.0)) == -(-left // 4)
 
 
 @pytest.mark.parametrize("value", ["ten runs", "2.5 compiles", -1, 0, float("inf"), True, "3 executions",

@@ -691,9 +691,10 @@ def precompile(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Colle
 
 def prefetch(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
              timeout_s: float = math.inf, workers: int = 0) -> threading.Thread | None:
-    """Compile a budgeted search's next rung (engine/budget.py) in the background, with no collective: this rank
-    compiles all of `indices` into Triton's cache, so the rung's warm-up slots find them compiled. Nothing waits
-    for it; a config that cannot compile fails at its launch, which marks it failed as any launch does."""
+    """Compile a budgeted search's next rung (engine/budget.py) on a thread, with no collective: this rank
+    compiles all of `indices` into Triton's cache, side by side, so the rung's slots find them compiled (the
+    executor joins the thread before the rung's first slot). A config that cannot compile fails at its launch,
+    which marks it failed as any launch does."""
     if not indices or interpret_mode():
         return None
     device = _device()

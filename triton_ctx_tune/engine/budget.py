@@ -15,9 +15,11 @@ The rungs, in order:
    [0, 1]), starting from the middle of the space. When the kernel has a `perf_model` with a `top_k`,
    Triton's own pruning has already cut and sorted the configs by it: the model's first picks take half of
    this rung.
-2. **Local search.** Rungs of about an eighth of the explorable configs each: the unexplored
-   neighbours (one parameter one step up or down, then two parameters at once) of the three fastest
-   configs so far; when none is left, more spread samples. Until the budget for new configs is spent.
+2. **Local search.** Rungs of about an eighth of the explorable configs each (a seconds budget: as wide as
+   the compile workers, below): the unexplored neighbours of the three fastest configs so far, one parameter
+   one step up or down first, round-robin over the three, then two parameters at once; when none is left,
+   more spread samples. Until the budget for new configs is spent. A rung's new configs compile side by
+   side before its first slot.
 3. **Halving.** The 2F fastest (F = 3 finalists) get one more timed slot each; then the F fastest by
    their samples so far are re-timed, interleaved, up to `n_repeat` samples each. With an executions
    budget, the final rung also takes whatever slots are left, so the key spends exactly its budget.
@@ -27,7 +29,11 @@ The winner is chosen among the finalists by the usual near-tie rule (state.stabl
 Budgets (each per key): `executions` counts slots (warm-ups included), `compiles` counts distinct
 configs launched, `seconds` is rank 0's wall clock from the key's first launch; rank 0 converts what is
 left into a number of new configs at each rung's end from what a config has cost so far, and the
-first spread rung is sized before anything is measured (EARLY_RUNG configs); once the seconds are spent,
+first spread rung is sized before anything is measured (EARLY_RUNG configs). With compile workers a rung
+costs about one compile's wall time whatever its width up to theirs, so the first rung is wider
+(FIRST_RUNG_WITH_WORKERS), the later rungs are as wide as rank 0's workers, and what is left is counted in
+rungs at the average cost of the rungs so far (on 1152 GEMM configs, rungs priced per config were 2 or 3
+configs wide, each compiled on the launch path: 16 configs explored in 5.6 s). Once the seconds are spent,
 the key is decided on the samples it has (no halving or final re-timing). So a seconds budget is overrun
 by at most one rung (or the first rung, when that alone takes longer).
 
@@ -38,6 +44,7 @@ config twice, and counts its budget cumulatively (a budget of 400 after 200 spen
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +52,7 @@ from typing import Any
 FINALISTS = 3  # F: configs re-timed to n_repeat samples before the decision
 TOP_PARENTS = 3  # the fastest configs whose neighbours the local search explores
 EARLY_RUNG = 8  # the first rung of a seconds budget, sized before any config was measured
+FIRST_RUNG_WITH_WORKERS = 16  # ... when compile workers compile it side by side (its wall time is about one's)
 MEASURES = ("executions", "compiles", "seconds")
 
 
@@ -88,6 +96,14 @@ class BudgetSearch:
     limit: float
     n_repeat: int
     model_ranked: bool = False  # the config list is sorted by the kernel's perf_model (Triton's pruning)
+    # How many configs compile side by side (the rank's compile workers; 1: none). A seconds budget is spent
+    # in rungs whose cost is mostly their compile's wall time, which does not grow with the rung's size up to
+    # this width: its rungs are this wide, and what is left is counted in rungs rather than in configs.
+    # (Rank 0's own setting: only its next_rung() reads it.)
+    parallel: int = 1
+    # The first rung of a seconds budget, sized before anything is measured. Every rank computes that rung, so
+    # this reads only what is the same on every rank (executor: wider when compile workers are on).
+    first_width: int = EARLY_RUNG
     prior: Prior | None = None
     failed: set[int] = field(default_factory=set)  # known before the search (quarantined, carried failures)
     # Agreed state, the same on every rank: what the plan holds so far.
@@ -138,8 +154,14 @@ class BudgetSearch:
         if self.measure == "executions":  # a small budget keeps most of itself for exploring
             return max(int((left - min(self._reserve_slots(), self.limit // 4)) // 2), 0)
         if not self.launched:
-            return EARLY_RUNG
+            return self.first_width
         per_slot = elapsed_s / max(self.slots, 1)
+        if self.parallel > 1:
+            # A rung of up to `parallel` new configs costs about one compile's wall time plus its slots: what is
+            # left buys whole rungs at the average cost of the rungs so far.
+            per_rung = elapsed_s / max(len(self.rungs), 1)
+            rungs = int((left - self._reserve_slots() * per_slot) // max(per_rung, 1e-9))
+            return max(rungs, 0) * self.parallel
         per_config = elapsed_s / max(len(self.launched), 1)
         return max(int((left - self._reserve_slots() * per_slot) // max(per_config, 1e-9)), 0)
 
@@ -201,8 +223,8 @@ class BudgetSearch:
     def _note_explored(self, i: int) -> None:
         self._update(self._mindist, i)
 
-    def neighbours(self, i: int) -> list[int]:
-        """Configs one parameter one step away, then two parameters one step each."""
+    def neighbours(self, i: int) -> tuple[list[int], list[int]]:
+        """Configs one parameter one step away, and those two parameters one step each."""
         c = self.coords[i]
         single, double = [], []
         for a in range(len(c)):
@@ -218,7 +240,16 @@ class BudgetSearch:
                         j = self.where.get(tuple(moved))
                         if j is not None:
                             double.append(j)
-        return single + double
+        return single, double
+
+    def _local(self, parents: list[int], wide: bool) -> list[int]:
+        """The local search's candidates in order: each parent's neighbours in turn, the fastest's first (a narrow
+        rung walks down from the best); for a wide rung, every parent's one-step neighbours round-robin, then
+        their two-step ones, so that the rung is not spent on the fastest config's neighbourhood alone."""
+        tiers = [self.neighbours(p) for p in parents]
+        if not wide:
+            return [j for one, two in tiers for j in one + two]
+        return _round_robin([one for one, _ in tiers]) + _round_robin([two for _, two in tiers])
 
     def current_times(self, times: list[float]) -> list[float]:
         """Each config's best-known time: this run's, else an earlier run's on this run's scale (anchors)."""
@@ -244,16 +275,19 @@ class BudgetSearch:
         if self.phase == "explore":
             left = min(self._explorable_now(elapsed_s), len(self._unexplored()))
             if left > 0:
-                # Counted budgets: rungs of an eighth of what they may explore; seconds: a quarter of what is
-                # left at each rung's end, so that rank 0 re-measures what a config costs as it goes.
-                per = -(-left // 4) if self.measure == "seconds" else -(-self.explore_total // 8)
+                # Counted budgets: rungs of an eighth of what they may explore; seconds: as wide as the compile
+                # workers (each rung costs about one compile's wall time), else a quarter of what is left at each
+                # rung's end, so that rank 0 re-measures what a config costs as it goes.
+                if self.measure != "seconds":
+                    per = -(-self.explore_total // 8)
+                else:
+                    per = self.parallel if self.parallel > 1 else -(-left // 4)
                 size = min(left, max(2, per))
                 rung: dict[int, int] = {}
                 fresh = set(self._unexplored())
-                for parent in ranked[:TOP_PARENTS]:
-                    for j in self.neighbours(parent):
-                        if len(rung) < size and j in fresh:
-                            rung[j] = 1
+                for j in self._local(ranked[:TOP_PARENTS], wide=self.measure == "seconds" and self.parallel > 1):
+                    if len(rung) < size and j in fresh:
+                        rung[j] = 1
                 rung.update({i: 1 for i in self.spread(size - len(rung), rung)})
                 if rung:
                     return rung
@@ -323,3 +357,11 @@ class BudgetSearch:
                 "explored": explored, "rungs": len(self.rungs), "finalists": self.finalists,
                 "decided_by_budget": decided_by_budget, "continued": self.prior is not None,
                 "space": self.n}
+
+
+def _round_robin(lists: list[list[int]]) -> list[int]:
+    """The first of each list, then the second of each, ..."""
+    out: list[int] = []
+    for row in itertools.zip_longest(*lists):
+        out += [j for j in row if j is not None]
+    return out

@@ -276,13 +276,30 @@ def compile_only(at: Autotuner, configs: Sequence[Config], args: Sequence[Any], 
     return out
 
 
+_priming: threading.Thread | None = None  # prime_compiler_hash_soon()'s thread
+
+
+def prime_compiler_hash_soon() -> None:
+    """Start prime_compiler_hash() on a thread, when a tuned function is decorated: in a fresh process it took
+    0.7 s of the example's first call (before any config could start compiling), which the program's own
+    set-up now hides. The hash reads and digests a file, so the thread leaves the GIL to the program."""
+    global _priming
+    if _priming is None:
+        _priming = threading.Thread(target=prime_compiler_hash, name="ctx-tune-prime-hash")
+        _priming.start()
+
+
 def prime_compiler_hash() -> bool:
     """Compute Triton's hash of its own compiler once, before compiles start on many threads.
 
     Every compile, a cache hit included, keys on triton_key(): a SHA-256 of the compiler's sources
     and of libtriton (hundreds of MB). It is lru_cached, but threads that start together all miss
     and all compute it: on an H200 host, 16 compile threads spent a quarter of their time there.
+    When prime_compiler_hash_soon() started it, this waits for that thread rather than compute it twice.
     """
+    started = _priming
+    if started is not None and started is not threading.current_thread():
+        started.join()
     for module in ("triton.runtime.cache", "triton.compiler.compiler"):  # its home in 3.9, then in 3.4
         fn = getattr(importlib.import_module(module), "triton_key", None)
         if fn is not None:
