@@ -124,8 +124,9 @@ def test_a_seconds_budget_with_compile_workers_explores_in_rungs_as_wide_as_the_
     assert len(first) == 16
     wide.apply(first)
     times = [costs[i] if i in first else math.inf for i in range(len(configs))]
-    # The first rung took 2 s (32 slots): 3 rungs of 16 fit in the 8 s left, less the finalists' 9 slots.
-    assert wide._explorable_now(2.0) == 48
+    # The first rung took 2 s (32 slots), half of it the start: 7 rungs of 16 (1 s each) fit in the 8 s left, less
+    # the finalists' 9 slots.
+    assert wide._explorable_now(2.0) == 7 * 16
     rung = wide.next_rung(times, 2.0)
     assert len(rung) == 16 and not set(rung) & set(first)
     fastest = sorted(first, key=lambda i: costs[i])[:3]

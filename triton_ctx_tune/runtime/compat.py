@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import hashlib
 import importlib
 import inspect
 import linecache
+import multiprocessing
 import os
 import pickle
 import re
@@ -282,11 +284,22 @@ _priming: threading.Thread | None = None  # prime_compiler_hash_soon()'s thread
 def prime_compiler_hash_soon() -> None:
     """Start prime_compiler_hash() on a thread, when a tuned function is decorated: in a fresh process it took
     0.7 s of the example's first call (before any config could start compiling), which the program's own
-    set-up now hides. The hash reads and digests a file, so the thread leaves the GIL to the program."""
+    set-up now hides (and so the driver's helper module). The hash reads and digests a file, so the thread leaves the
+    GIL to the program."""
     global _priming
-    if _priming is None:
-        _priming = threading.Thread(target=prime_compiler_hash, name="ctx-tune-prime-hash")
+    if _priming is None and multiprocessing.parent_process() is None:  # (not in a DataLoader worker)
+        _priming = threading.Thread(target=_prime, name="ctx-tune-prime")
         _priming.start()
+
+
+def _prime() -> None:
+    prime_compiler_hash()
+    # The driver's helper module, built with the C compiler when the Triton cache is fresh: the first describe of a
+    # config waited for it in a fresh process. Loading it touches no device.
+    with contextlib.suppress(Exception):
+        import triton.runtime  # noqa: PLC0415
+
+        _ = triton.runtime.driver.active.utils
 
 
 def prime_compiler_hash() -> bool:
