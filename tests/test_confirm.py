@@ -15,7 +15,13 @@ import triton
 
 from tests.kernels import DEVICE, SLOW_MS, add_one_, block_configs, chosen, costly, grid, spend
 from triton_ctx_tune import contextual_autotune
-from triton_ctx_tune.engine.state import CONFIRM_CAP, CONFIRM_FLOOR, close_candidates, stable_winner
+from triton_ctx_tune.engine.state import (
+    CONFIRM_CAP,
+    CONFIRM_FLOOR,
+    OVERLAP_MAX,
+    close_candidates,
+    stable_winner,
+)
 from triton_ctx_tune.tools.report import build, format_report
 
 N = 128
@@ -65,6 +71,21 @@ def test_close_candidates_band():
     capped = stable_winner([1.0, 1.09, 1.11], [0.9, 1.09, 1.11], [1.1, 1.09, 1.11])
     assert close_candidates(capped, [1.0, 1.09, 1.11]) == ([0, 1], CONFIRM_CAP)
     assert close_candidates(tight, [1.0, float("inf"), 1.02]) == ([0, 2], CONFIRM_FLOOR)  # failed: never a candidate
+
+
+def test_an_overlapped_key_also_confirms_a_config_that_was_fast_on_its_luckiest_rank():
+    # All-gather + GEMM on 2 H200s (issue 35, one cold run): the exhaustive best measured 0.263 ms on rank 0, which
+    # overlapped its launch with the gather, and 0.1985 ms on rank 1; the max over ranks put it 38% behind.
+    reduced = [0.263, 0.192, 0.205, 0.31, 0.40, 0.24]
+    luckiest = [0.1985, 0.190, 0.201, 0.26, 0.39, 0.235]
+    choice = stable_winner(reduced, reduced, reduced)
+    assert close_candidates(choice, reduced, overlapped=True) == ([1, 2, 5], 0.30)
+    assert close_candidates(choice, reduced, overlapped=True, luckiest=luckiest) == ([0, 1, 2, 5], 0.30)
+    # Not for a key timed alone (its ranks measure the same launch), and never past OVERLAP_MAX candidates.
+    assert close_candidates(choice, reduced, luckiest=luckiest)[0] == [1]
+    many = [1.0 + 0.01 * i for i in range(12)]
+    got, _ = close_candidates(stable_winner(many, many, many), many, overlapped=True, luckiest=many[::-1])
+    assert len(got) == OVERLAP_MAX
 
 
 def test_a_ranking_made_by_drift_is_corrected_by_the_interleaved_confirmation():

@@ -95,7 +95,7 @@ class Decisions:
             elif readmit := self._to_readmit(s, reduced[i]):
                 keep[i, readmit] = READMIT_CODE
             elif (choice := self._choice(s, reduced[i], self._incumbent(s))) is not None:
-                close, end_to_end = self._to_confirm(s, choice, reduced[i])
+                close, end_to_end = self._to_confirm(s, choice, reduced[i], per_rank[:, i])
                 if close:
                     keep[i, close] = CONFIRM_E2E_CODE if end_to_end else CONFIRM_CODE
                 else:
@@ -196,7 +196,8 @@ class Decisions:
                       **_subject_fields(s), configs=kept, screen_ms=[s.screen_ms[j] for j in kept],
                       lockstep_best=best if math.isfinite(best) else None, factor=svc.early_stop)
 
-    def _to_confirm(self, s: Tunable, choice: Choice, reduced: torch.Tensor) -> tuple[list[int], bool]:
+    def _to_confirm(self, s: Tunable, choice: Choice, reduced: torch.Tensor,
+                    per_rank: torch.Tensor) -> tuple[list[int], bool]:
         """Rank 0: the close candidates a key re-times before its decision ([] to decide now), and whether
         end to end. Once per key, for keys timed per launch, and only configs measured in this call
         (carried-over times have no samples to compare). A key that overlapped another stream's work
@@ -212,7 +213,11 @@ class Decisions:
         if not (isinstance(s, KeyState) and opts.resolved_confirm()) or s.confirmed is not None or s.end_to_end:
             return [], False
         end_to_end = self._confirms_end_to_end(s)
-        close, _ = close_candidates(choice, self._times(s, reduced), overlapped=end_to_end)
+        times = self._times(s, reduced)
+        # Each config's time on its luckiest rank (the ones _times rules out stay out).
+        luckiest = [math.inf if math.isinf(t) else u for t, u in zip(times, per_rank[:, : len(s.configs), 0]
+                                                                      .amin(0).tolist())]
+        close, _ = close_candidates(choice, times, overlapped=end_to_end, luckiest=luckiest)
         close = [j for j in close if j not in s.carried]
         return (close, end_to_end) if len(close) > 1 else ([], False)
 
