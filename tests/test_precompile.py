@@ -317,3 +317,26 @@ def test_the_compile_line_counts_every_config_once_and_report_prints_it(tmp_path
     assert "op: compile: 4 configs" in text
     assert text.count("  compile    2 configs: ") == 2
     autotuner(_line_kernel).cache.clear()
+
+
+def test_report_adds_up_a_nodes_ranks_compiles(tmp_path):
+    """A rank's compile line counts its own share; `report` adds every local rank's (per host) so that the node's
+    parallelism, the issue's measure against the node's cores, is one line: (38.5 + 27.5) s in 5.5 s = 12.0x."""
+    from triton_ctx_tune.tools.report import build, format_report
+
+    def events(rank: int, compile_s: float, wall_s: float, workers: int, here: int) -> list[dict]:
+        call = f"node7:{100 + rank}:1"
+        head = {"rank": rank, "call": call, "time": 1.0}
+        return [{"event": "call", **head, "function": "step", "world": 2, "device": "gpu", "timer": "cuda-events",
+                 "triton": "3.6.0", "torch": "2.11", "triton_ctx_tune": "0.1.0", "host": "node7", "pid": 100 + rank},
+                {"event": "compile", **head, "function": "step", "keys": 2, "configs": 40, "workers": workers,
+                 "here": here, "ranks": 40 - workers - here, "cache": 0, "pool": 16, "compile_s": compile_s,
+                 "wall_s": wall_s, "parallelism": compile_s / wall_s, "first_slot_s": 1.0},
+                {"event": "end", **head, "function": "step", "executions": 9, "wall_s": 6.0, "error": None}]
+
+    for rank, row in enumerate([events(0, 38.5, 5.5, 19, 1), events(1, 27.5, 5.0, 20, 0)]):
+        (tmp_path / f"rank-{rank}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in row))
+    text = format_report(build(tmp_path))
+    assert "step: compile: 40 configs, 19 in 16 workers, 1 in-process, 20 by other local ranks" in text
+    assert "step: node node7: 2 ranks compiled 40 configs, 66.0 s of compiles in 5.5 s, parallelism 12.0x over 32 " \
+           "workers" in text

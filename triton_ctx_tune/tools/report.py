@@ -84,6 +84,7 @@ class CallReport:
     wall_s: float = 0.0
     errors: list[str] = field(default_factory=list)
     compile: dict[str, Any] | None = None  # the last "compile" event of the function (its last tuning call)
+    compiles: dict[int, dict[str, Any]] = field(default_factory=dict)  # each rank's last "compile" event
 
 
 @dataclass
@@ -297,6 +298,7 @@ class _Story:
     def compile(self, e: dict[str, Any]) -> None:
         c = self.calls.setdefault(e.get("function") or "?", CallReport(e.get("function") or "?"))
         c.compile = e
+        c.compiles[int(e.get("rank", 0))] = e
 
     def precompile_disagreed(self, e: dict[str, Any]) -> None:
         self.disagreed.setdefault(e["kernel"], []).append(f"key={tuple(e['key'])!r} {{{e['config']}}}: "
@@ -438,6 +440,8 @@ def build(log_dir: Path) -> Report:
         for e in rows:
             if e["event"] == "decision" and "kernel" in e and "key" in e:
                 last[(e["kernel"], repr(tuple(e["key"])))] = e
+            elif e["event"] == "compile" and rank != primary and (c := calls.get(e.get("function") or "?")):
+                c.compiles[rank] = e  # (the node's compile line adds up every local rank's)
         for ident, e in last.items():
             r = keys.get(ident)
             if r is None or r.source != "tuned":
@@ -711,6 +715,25 @@ def precompile_text(e: dict[str, Any]) -> str:
     return text
 
 
+def node_compile_lines(by_rank: dict[int, dict[str, Any]]) -> list[str]:
+    """Per host with more than one rank: the ranks' compiles together, as the node's cores saw them (a rank's
+    own line counts its share only: its parallelism is the node's divided among its local ranks)."""
+    hosts: dict[str, list[dict[str, Any]]] = {}
+    for e in by_rank.values():
+        hosts.setdefault(str(e.get("call", "?")).split(":")[0], []).append(e)
+    out = []
+    for host, events in sorted(hosts.items()):
+        compile_s = sum(e["compile_s"] for e in events)
+        wall_s = max(e["wall_s"] for e in events)
+        if len(events) < 2 or compile_s <= 0 or wall_s <= 0:
+            continue  # one rank (its own line says it all), or nothing compiled (a warm call)
+        compiled = sum(e["workers"] + e["here"] for e in events)
+        out.append(f"node {host}: {len(events)} ranks compiled {compiled} configs, {compile_s:.1f} s of compiles in "
+                   f"{wall_s:.1f} s, parallelism {fmt_parallelism(compile_s / wall_s)} over "
+                   f"{sum(e['pool'] for e in events)} workers")
+    return out
+
+
 def format_report(report: Report) -> str:
     out = [f"triton_ctx_tune report: {report.log_dir} (ranks {', '.join(map(str, report.ranks))})", ""]
     if report.calls:
@@ -721,6 +744,7 @@ def format_report(report: Report) -> str:
         for c in report.calls.values():
             if c.compile is not None:
                 out.append(f"  {c.function}: {compile_line(c.compile)}")
+                out.extend(f"  {c.function}: {line}" for line in node_compile_lines(c.compiles))
         out.append("")
     for f in report.functions.values():
         out.extend(format_points(f))
