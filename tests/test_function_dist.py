@@ -51,3 +51,15 @@ def test_a_second_process_serves_the_point_and_its_kernels_from_the_cache(tmp_pa
     assert second[0]["point"] == {"chunks": 2} and second[0]["executions"] == 1 and second[0]["calls"] == [2]
     assert second[0]["cache_hits"] == 1 and second[0]["kernels"] == []
     assert second[0]["out"] == first[0]["out"] == [4.0] * 4  # doubled, then summed over 2 ranks
+
+
+def test_a_config_slow_per_launch_on_one_rank_only_is_still_confirmed_end_to_end_and_wins(tmp_path):
+    """function_worker.luckiest_rank: BLOCK 16 is 1.5x the fastest per launch on rank 0 (it overlapped the gather
+    there) and the fastest on rank 1, and the best call on both; it is among the end-to-end candidates and wins."""
+    rows = run_ranks(2, ["luckiest_rank"], tmp_path, worker="function_worker.py")["luckiest_rank"]
+    _same_on_every_rank(rows, "point", "executions", "kernels", "out")
+    assert rows[0]["point"] == {"extra": 0.0}
+    (kernel,) = [k for k in rows[0]["kernels"] if k[3] == 0]
+    assert kernel[2].startswith("BLOCK=16")
+    assert rows[0]["confirmed"] == [[0, 1, 2]] == rows[1]["confirmed"]
+
