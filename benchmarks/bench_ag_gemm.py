@@ -16,9 +16,9 @@ gather j; the GEMM is a @triton.autotune kernel whose key (per-chunk M) changes 
                  the function space swept with that config
   exhaustive     the oracle: every (point, GEMM config) timed carefully (per-call CUDA events with L2 flushed,
                  --exh-iters calls, --exh-rounds interleaved rounds, median of rounds of the MAX over ranks)
-  budget10       ours with budget= (docs/search.md) at 10% of the exhaustive arm's cold time, in seconds, split
-                 evenly over the GEMM keys (one per point: a budget is per kernel key); needs exhaustive in
-                 --arms, which then runs first. The points themselves are not budgeted.
+  budget10       ours with budget= (docs/function-spaces.md#budgets) at 10% of the exhaustive arm's cold time,
+                 in seconds, for the whole call (each point's GEMM key gets a twelfth, and the call stops when
+                 rank 0 finds it spent); needs exhaustive in --arms, which then runs first.
 Each arm tunes twice: cold (a fresh TRITON_CACHE_DIR and fresh JITFunctions) and warm (same process, kernels
 compiled, tuning caches cleared). Then every arm's chosen setup and the exhaustive best are re-measured the same
 way (--rounds interleaved rounds of --op-iters calls, MAX over ranks per round, median of rounds), each checked
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 ARMS = ("ours", "ours_e2e", "ours_per_kernel", "tdist", "gemm_alone", "exhaustive", "budget10")
-BUDGET_FRACTION = 0.10  # budget10: the exhaustive sweep's cold time, this fraction of it, shared by the GEMM keys
+BUDGET_FRACTION = 0.10  # budget10: the exhaustive sweep's cold time, this fraction of it, for the call
 UNAVAILABLE_OURS = "unavailable (triton_ctx_tune.autotune missing)"
 
 
@@ -158,7 +158,7 @@ class Ctx:
     space: list
     configs: list
     log_dir: str
-    budget_s: float | None = None  # budget10: seconds per GEMM key (set once the exhaustive arm has run)
+    budget_s: float | None = None  # budget10: seconds for the call (set once the exhaustive arm has run)
 
     def op(self, gemm: Any) -> Any:
         from ag_gemm_ops import AgGemm
@@ -245,7 +245,7 @@ def arm_ours(ctx: Ctx, gemm: Any, objective: str | None = None, budgeted: bool =
         choice = Choice(p, cfg) if cfg is not None else None
     details = {"wall_s_per_rank": per_rank, "last_call_wall_s": getattr(stats, "wall_s", None),
                "point": point, "gemm_cache": {str(k): str(v) for k, v in gemm.cache.items()},
-               "budget_s_per_key": extra.get("budget")}
+               "budget_s": extra.get("budget")}
     if choice is None:
         details["note"] = "no chosen setup: last_call.point missing or its GEMM key not in the Autotuner cache"
     return ArmRun(wall, choice, int(getattr(stats, "executions", 0)), details, [rel_fro(c, ctx.ref)])
@@ -412,7 +412,7 @@ def run(args: argparse.Namespace, ranks: Any, first_cache: str) -> int:
         for arm in args.arms:
             results[arm] = tune_arm(ctx, arm, caches)
             if arm == "exhaustive" and results[arm].get("cold"):
-                ctx.budget_s = BUDGET_FRACTION * results[arm]["cold"]["wall_s"] / max(len(ctx.space), 1)
+                ctx.budget_s = BUDGET_FRACTION * results[arm]["cold"]["wall_s"]
         remeasure(ctx, results)
     finally:
         caches.cleanup()
@@ -540,14 +540,20 @@ def summarize(ctx: Ctx, results: dict[str, dict[str, Any]], tol: float) -> dict[
         ours = rows.get(name)
         if not (ours and exh and ours["status"] == "ok" and exh["status"] == "ok"):
             continue
+        # Issue 35: the default within 1.02 at under a third of the sweep's time; budget10 within 1.03 at the
+        # tenth of the sweep's cold time its budget is (the cold phase: the warm one has no budget of its own).
+        budgeted = name == "budget10"
         r = ours["ratio_to_exhaustive"]
-        targets.append({"name": f"{name} e2e / exhaustive best", "value": r, "goal": "<= 1.02",
-                        "ok": r is not None and r <= 1.02})
-        for phase in ("cold_s", "warm_s"):
+        limit = 1.03 if budgeted else 1.02
+        targets.append({"name": f"{name} e2e / exhaustive best", "value": r, "goal": f"<= {limit}",
+                        "ok": r is not None and r <= limit})
+        for phase in ("cold_s",) if budgeted else ("cold_s", "warm_s"):
             if ours[phase] is not None and exh[phase]:
                 v = ours[phase] / exh[phase]
+                goal = BUDGET_FRACTION if budgeted else 1 / 3
                 targets.append({"name": f"{name} tuning time / exhaustive sweep ({phase[:-2]})", "value": v,
-                                "goal": "< 1/3", "ok": v < 1 / 3})
+                                "goal": f"<= {goal:g}" if budgeted else "< 1/3", "ok": v <= goal if budgeted
+                                else v < goal})
     return {"rows": rows, "targets": targets, "tolerance": tol}
 
 

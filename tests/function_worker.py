@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -217,8 +218,29 @@ def luckiest_rank() -> dict[str, Any]:
     return {**_outcome(op, out, calls), "confirmed": confirms}
 
 
+def call_budget() -> dict[str, Any]:
+    """budget= bounds the call: an executions budget, then a seconds one on rank 0's clock (rank 1 spends 40 ms more
+    a step on its host, so its clock runs ahead: only rank 0's measure may decide, or the ranks would part)."""
+    out: dict[str, Any] = {}
+    for name, budget in (("executions", "12 executions"), ("seconds", 0.4)):
+        log_dir = Path(tempfile.mkdtemp())
+        calls: list[int] = []
+
+        def slow_on_rank1(chunks: int) -> float:
+            if dist.get_rank() == 1:
+                time.sleep(0.04)
+            return 10.0 * chunks
+
+        op = _op(slow_on_rank1, calls, cache=False, budget=budget, log_dir=str(log_dir))
+        y = op(torch.ones(64, device=DEVICE))
+        events = [json.loads(line) for line in next(log_dir.glob("rank-*.jsonl")).read_text().splitlines()]
+        spent = [e["executions"] for e in events if e["event"] == "call-budget"]
+        out[name] = {**_outcome(op, y, calls), "spent_at": spent}
+    return out
+
+
 SCENARIOS = {"consensus": consensus, "fails_on_rank1": fails_on_rank1, "wrong_on_rank1": wrong_on_rank1,
-             "cached": cached, "luckiest_rank": luckiest_rank,
+             "cached": cached, "luckiest_rank": luckiest_rank, "call_budget": call_budget,
              "validate_rank1": validate_rank1, "misuse_on_every_rank": misuse_on_every_rank}
 
 

@@ -295,8 +295,11 @@ _overlap_kernel = triton.autotune(configs=[triton.Config({"BLOCK": 32}, num_warp
                                   key=["n"])(triton.jit(double_.fn.fn))
 
 
+SPACE_OVERLAP = [{"overlap": False}, {"overlap": True}]
+
+
 def _overlapping_op(log_dir: Any, **options: Any) -> Any:
-    @autotune(config_space=[{"overlap": False}, {"overlap": True}], key_fn=lambda x: x.numel(), n_warmup=1,
+    @autotune(config_space=SPACE_OVERLAP, key_fn=lambda x: x.numel(), n_warmup=1,
               n_repeat=3, cache=False, e2e_runs=1, log_dir=str(log_dir), **options)
     def op(x: torch.Tensor, *, overlap: bool) -> torch.Tensor:
         _ran.clear()
@@ -329,9 +332,10 @@ def test_a_point_and_its_kernels_are_decided_by_one_end_to_end_rule(tmp_path):
 
 
 def test_a_budgeted_kernel_of_a_point_is_decided_by_the_same_end_to_end_rule(tmp_path):
-    """As above with budget=: the budgeted search's finalists are re-timed as whole steps before the decision."""
+    """As above with budget=: the budgeted search's finalists are re-timed as whole steps before the decision. (100
+    s for the call, 50 s for each point's key: a budgeted search, whose time never runs out here.)"""
     autotuner(_overlap_kernel).cache.clear()
-    op = _overlapping_op(tmp_path / "logs", budget="7 executions")
+    op = _overlapping_op(tmp_path / "logs", budget=100.0)
     op(torch.ones(64, device=DEVICE))
     stats = op.last_call
     assert stats.point == {"overlap": True}
@@ -339,8 +343,34 @@ def test_a_budgeted_kernel_of_a_point_is_decided_by_the_same_end_to_end_rule(tmp
     assert tuned.config.startswith("BLOCK=16")
     events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
     assert any(e["event"] == "rung" for e in events)  # the budget decided the search
+    assert not any(e["event"] == "call-budget" for e in events)
     confirms = [e for e in events if e["event"] == "confirm"]
     assert confirms and all(e["end_to_end"] and sorted(e["candidates"]) == [0, 1] for e in confirms)
+
+
+def test_a_function_spaces_budget_bounds_the_whole_call(tmp_path):
+    """budget= on autotune() bounds the call: once rank 0 finds it spent, every choice still open is decided at
+    that step's end on the samples taken, and the next execution is the final one. Unbudgeted, this op takes 37
+    executions; with 20, the call stops at 20 and runs once more, with a decided point and its kernel."""
+    autotuner(_overlap_kernel).cache.clear()
+    op = _overlapping_op(tmp_path / "logs", budget="20 executions")
+    op(torch.ones(64, device=DEVICE))
+    stats = op.last_call
+    assert stats.executions == 20 + 1
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    (spent,) = [e for e in events if e["event"] == "call-budget"]
+    assert (spent["measure"], spent["limit"], spent["executions"]) == ("executions", 20, 20)
+    # The points were decided at that step's end, with the winner's kernel: nothing was left for another step.
+    assert kinds.index("point-decision") > kinds.index("call-budget")
+    decided = events[kinds.index("point-decision")]
+    assert stats.point == SPACE_OVERLAP[decided["winner"]]
+    assert [t.point for t in stats.tuned].count(decided["winner"]) == 1
+    # Without a budget the same op takes 37 executions (test_a_point_and_its_kernels_are_decided_by_one_...).
+    autotuner(_overlap_kernel).cache.clear()
+    whole = _overlapping_op(tmp_path / "logs2")
+    whole(torch.ones(64, device=DEVICE))
+    assert whole.last_call.executions == 37
 
 
 # Issue 35's first cause: a key confirmed end to end re-times only its close candidates, as whole calls; the others

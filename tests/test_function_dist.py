@@ -63,3 +63,16 @@ def test_a_config_slow_per_launch_on_one_rank_only_is_still_confirmed_end_to_end
     assert kernel[2].startswith("BLOCK=16")
     assert rows[0]["confirmed"] == [[0, 1, 2]] == rows[1]["confirmed"]
 
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_call_budget_ends_every_ranks_tuning_at_the_same_step(world, tmp_path):
+    """function_worker.call_budget: with 12 executions the call stops after the 12th and runs once more; with 0.4 s,
+    rank 0's clock decides (rank 1's, 40 ms a step ahead, would stop earlier): every rank stops at the same step,
+    with the same point and kernels."""
+    rows = run_ranks(world, ["call_budget"], tmp_path, worker="function_worker.py")["call_budget"]
+    for measure in ("executions", "seconds"):
+        outcomes = [row[measure] for row in rows]
+        _same_on_every_rank(outcomes, "point", "executions", "kernels", "out", "spent_at")
+        assert len(outcomes[0]["spent_at"]) == 1 and outcomes[0]["executions"] == outcomes[0]["spent_at"][0] + 1
+    assert rows[0]["executions"]["spent_at"] == [12]
+    assert rows[0]["executions"]["point"] in ({"chunks": 1}, {"chunks": 2}, {"chunks": 4})

@@ -163,7 +163,8 @@ class FunctionAutotuner(ContextualAutotuner[R]):
                                                             n_repeat=opts.n_repeat, function=self.name,
                                                             early_stop=opts.resolved_early_stop()))
             lookup = function_cache.lookup(opts.resolved_cache_dir(), function_cache.function_identity(
-                self.fn, self.name, key, points, session.comm.world, opts.objective, opts.reduce, opts.stat),
+                self.fn, self.name, key, points, session.comm.world, opts.objective, opts.reduce, opts.stat,
+                None if (budget := opts.resolved_budget()) is None else f"{budget.limit:g} {budget.measure}"),
                 session.comm, opts.resolved_retune(), opts.resolved_shipped())
             if lookup.hit:
                 assert lookup.entry is not None and session.search.points is not None

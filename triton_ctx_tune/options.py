@@ -112,15 +112,19 @@ BUDGET_EXPECTED = ("a number of seconds > 0 (budget=30.0), Budget(executions=200
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
-    """How much tuning one kernel key may cost (engine/budget.py): exactly one field is set.
+    """How much tuning one kernel key may cost (engine/budget.py), or with a function space (autotune()) the
+    whole call: exactly one field is set.
 
     A key whose config list is larger than the budget covers is searched in rungs (a spread sample,
     successive halving, a local search over neighbouring tile sizes, a final re-timing of the best few)
-    instead of timing every config; configs it never chooses are never compiled.
+    instead of timing every config; configs it never chooses are never compiled. Under autotune() each
+    point's keys get an equal share, and once the call's seconds or executions are spent (rank 0's
+    measure, followed by every rank) whatever is still open is decided on the samples taken.
     """
     # Wall-clock seconds from the key's first launch, as rank 0 measures them: rank 0 sizes each rung from
     # its own elapsed time and broadcasts the rung, so every rank follows the same plan. The first rung is
-    # fixed (8 configs: it measures what a config costs); the budget can be overrun by at most one rung.
+    # fixed (8 configs, 16 with compile workers: it measures what a config costs); the budget can be overrun
+    # by at most one rung.
     seconds: float | None = None
     # Measured runs of the key's configs, warm-ups included: one launch for a key timed per launch, one
     # whole execution of the function for a key timed end to end. Exact: the key takes at most this many
@@ -322,9 +326,10 @@ class TuneOptions:
     # table and `report` then show TFLOP/s, GB/s and the fraction of the device's peak.
     flops: Callable[..., float] | None = None
     bytes: Callable[..., float] | None = None
-    # Budgeted search (engine/budget.py, docs/search.md): how much each kernel key's tuning may cost,
-    # for config spaces too large to time whole. A Budget, a number of seconds (budget=30.0), or a string:
-    # "200 executions", "50 compiles", "30 s". None (the default): every config is timed.
+    # Budgeted search (engine/budget.py, docs/search.md): how much each kernel key's tuning may cost (with
+    # a function space, autotune(): the whole call), for config spaces too large to time whole. A Budget, a
+    # number of seconds (budget=30.0), or a string: "200 executions", "50 compiles", "30 s". None (the
+    # default): every config is timed.
     budget: Budget | float | str | None = None
 
     def __post_init__(self) -> None:

@@ -75,7 +75,9 @@ class Decisions:
         # or a one-hot winner); broadcasting it makes every rank's schedule and choice identical.
         keep = torch.zeros((len(finishing), width), dtype=torch.int64)
         for i, s in enumerate(finishing):
-            if isinstance(s, KeyState) and s.budget is not None and s.confirmed is None:
+            if s.forced:  # the call's budget is spent: the fastest of what was measured (search.force_decide)
+                keep[i, self._forced_winner(s, reduced[i])] = TIE_CODES[None]
+            elif isinstance(s, KeyState) and s.budget is not None and s.confirmed is None:
                 # Rank 0's next rung (its own clock sizes it under a seconds budget), or the winner among the
                 # finalists (re-timed end to end first where the key's unbudgeted search would confirm so, then
                 # decided below like any confirmed key); the broadcast makes it every rank's.
@@ -111,6 +113,7 @@ class Decisions:
             if isinstance(s, PointTunable):
                 if s.screening:
                     # Even a single survivor gets its kernels' full tuning, then its timed steps.
+                    s.screened = times[:, 0].tolist()
                     s.keep(kept)
                     for p in kept:
                         svc.search.resume_point(p)
@@ -148,6 +151,24 @@ class Decisions:
                 choice = self._choice(s, reduced[i], None)
                 how = TIE_BY_CODE.get(int(keep[i, kept[0]]))
                 self._commit(s, kept[0], times, per_rank[:, i, : len(s.configs), 0], choice, how)
+
+    def _forced_winner(self, s: Tunable, reduced: torch.Tensor) -> int:
+        """Rank 0, once the call's budget is spent: the fastest config (point) with a time. A point's screening
+        time stands in where it took no sample since (its kernels were still tuning: both are call times); a key
+        or point with no time at all keeps what it runs now."""
+        times = self._times(s, reduced)
+        if isinstance(s, PointTunable) and s.screened:
+            times = [t if math.isfinite(t) or j in s.dropped or j in s.failures else s.screened[j]
+                     for j, t in enumerate(times)]
+        finite = [j for j, t in enumerate(times) if math.isfinite(t)]
+        if finite:
+            return min(finite, key=lambda j: (times[j], j))
+        if isinstance(s, PointTunable):
+            usable = [j for j in sorted(s.seen) if j not in s.failures] or \
+                     [j for j in range(len(s.configs)) if j not in s.failures]
+            return usable[0]
+        assert isinstance(s, KeyState)  # (the only other kind)
+        return s.step_config()
 
     def _to_readmit(self, s: Tunable, reduced: torch.Tensor) -> list[int]:
         """Rank 0, after a split screening's survivors were timed in lockstep: the dropped configs whose

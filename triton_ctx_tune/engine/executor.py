@@ -314,15 +314,23 @@ class Executor:
         budget = self.opts.resolved_budget()
         if budget is None:
             return None
+        limit = budget.limit
+        points = self.search.points
+        if points is not None:
+            # A function space's budget bounds the call (Session._over_budget): each point's keys get a share, at
+            # least what a search needs to compare two configs.
+            share = limit / len(points.configs)
+            least = 4 if budget.measure == "executions" else 2
+            limit = share if budget.measure == "seconds" else max(int(share), least)
         n = len(configs)
-        if (budget.measure == "compiles" and n <= budget.limit) or (
-                budget.measure == "executions" and n * (self.opts.n_warmup + self.opts.n_repeat) <= budget.limit):
+        if (budget.measure == "compiles" and n <= limit) or (
+                budget.measure == "executions" and n * (self.opts.n_warmup + self.opts.n_repeat) <= limit):
             return None  # the budget covers every config: tuned as without one
         prior = None if lookup is None or lookup.prior is None else Prior(*lookup.prior)
         # A rung's configs compile side by side in the workers: its width. `parallel` is this rank's own count
         # (only rank 0's next_rung reads it); the first rung's width must be the same on every rank.
         workers = self.opts.resolved_compile_workers() if self.opts.resolved_precompile() else 0
-        return BudgetSearch(configs, budget.measure, budget.limit, self.opts.n_repeat,
+        return BudgetSearch(configs, budget.measure, limit, self.opts.n_repeat,
                             model_ranked=model_ranked(at, configs), prior=prior, parallel=max(workers, 1),
                             first_width=FIRST_RUNG_WITH_WORKERS if workers else EARLY_RUNG)
 

@@ -53,21 +53,24 @@ class StepReport:
     # Per key still compiling (compiling_keys' order), whether this rank has finished its share: online and
     # when re-execution defers compiles (Session.defers); otherwise empty.
     compiled: list[int] = field(default_factory=list)
+    # A function space's call budget is spent, by this rank's measure: only rank 0's is followed (every rank reads
+    # it in the gathered flags), so the decision rests on one clock and is the same everywhere.
+    over_budget: bool = False
 
     def identity(self) -> bytes:
         return json.dumps([self.new, self.launches, self.measured, self.slots, len(self.compiled)],
                           sort_keys=True).encode()
 
     def flags(self) -> tuple[int, ...]:
-        """What rides along with the identity: failed, an error, then the compile flags."""
-        return (int(self.failure is not None), int(self.error is not None), *self.compiled)
+        """What rides along with the identity: failed, an error, over budget, then the compile flags."""
+        return (int(self.failure is not None), int(self.error is not None), int(self.over_budget), *self.compiled)
 
     def explain(self) -> bytes:
         return json.dumps(self.__dict__, sort_keys=True).encode()
 
     @staticmethod
     def of(search: Search, a: Assignment, new: list[KeyState], launches: int, failure: str | None,
-           error: str | None, online: bool, defers: bool = False) -> StepReport:
+           error: str | None, online: bool, defers: bool = False, over_budget: bool = False) -> StepReport:
         tuning = [t for t in _tunables(search) if not t.settled]
         compiled: list[int] = []
         if online or defers:
@@ -79,7 +82,8 @@ class StepReport:
                 compiled.append(int(s.compiling.done))
         return StepReport([s.describe() for s in new], launches,
                           None if a.measured is None else [a.measured.describe(), a.config],
-                          [[name(t), t.next_slot, t.total_slots] for t in tuning], failure, error, compiled)
+                          [[name(t), t.next_slot, t.total_slots] for t in tuning], failure, error, compiled,
+                          over_budget)
 
 
 # Re-executing, how long a step's end waits for the compiles of a key met in that step before it may defer them:
@@ -103,6 +107,7 @@ class StepEnd:
     final: bool = False  # the final run: nothing follows
     clean: bool = False  # no slot taken and no key met, on every rank
     compiled: list[KeyState] = field(default_factory=list)  # keys every rank has finished compiling (flagged)
+    over_budget: bool = False  # rank 0 found the call's budget spent: everything still tuning is decided now
 
     @property
     def void(self) -> bool:
@@ -110,16 +115,17 @@ class StepEnd:
 
 
 def plan(reports: list[StepReport], search: Search, new: list[KeyState], compiled: list[int],
-         with_new: bool = False) -> StepEnd:
-    """The step's end from every rank's report (equal identities: checked before this), the search, and the
-    compile flags every rank finished (`compiled`, the minimum over ranks, of compiling_keys(with_new))."""
+         with_new: bool = False, over_budget: bool = False) -> StepEnd:
+    """The step's end from every rank's report (equal identities: checked before this), the search, the
+    compile flags every rank finished (`compiled`, the minimum over ranks, of compiling_keys(with_new)), and
+    rank 0's over-budget flag."""
     failures = {r: rep.failure for r, rep in enumerate(reports) if rep.failure is not None}
     error = next((rep.error for rep in reports if rep.error is not None), None)
     mine = reports[0]  # identities are equal: any rank's report says what every rank's does
     clean = mine.launches == 0 and not mine.new
     done = [s for s, flag in zip(compiling_keys(search, new, with_new), compiled) if flag]
     return StepEnd(failures, None if failures else error, not failures and error is None and clean and search.finished,
-                   clean, done)
+                   clean, done, over_budget and not failures and error is None and not search.finished)
 
 
 def _tunables(search: Search) -> list[Tunable]:

@@ -29,6 +29,7 @@ class PointTunable(Tunable):
     function: str
     configs: list[dict[str, Any]]
     seen: set[int] = field(default_factory=set)  # points that have run once (their kernels are known)
+    screened: list[float] = field(default_factory=list)  # each point's screening time (inf: none), once screened
 
     def describe(self) -> str:
         return f"{self.function} points={self.configs!r}"
@@ -166,6 +167,21 @@ class Search:
             pts.take_slot()
         slot = pts.peek()
         return slot.config if slot is not None else pts.fallback()
+
+    def force_decide(self) -> None:
+        """A function space's call budget is spent (rank 0's measure, agreed in the step's flags): every tunable
+        still tuning ends its plan, and this step's end decides it on the samples it has (decisions.py, forced).
+        Held kernels come back so that their point, if it wins, has them decided too. Called on every rank at
+        the same step's end, from agreed state only."""
+        tunables: list[AnyTunable] = [s for s in self.kernels.values() if s.winner is None]
+        if self.points is not None and not self.points.decided:
+            tunables.append(self.points)
+        for t in tunables:
+            if isinstance(t, KeyState) and t.held is not None:
+                t.held, t.provisional = None, None
+            t.plan = t.plan[: t.next_slot]
+            t.screening = False
+            t.forced = True
 
     def abandon(self, point: int) -> None:
         """A point failed: drop its kernels' states, which no later step will launch."""

@@ -223,7 +223,8 @@ class Session:
             return False
         try:
             end = self._agree(StepReport.of(self.search, a, ex.new_states, ex.tuning_launches, failure,
-                                            self._missing_launch(failure), self.online, self.defers))
+                                            self._missing_launch(failure), self.online, self.defers,
+                                            self._over_budget()))
         except CollectiveTimeoutError as e:
             self.executor.name_suspects(e)
             raise
@@ -255,6 +256,8 @@ class Session:
         if self.search.points is not None and a.point is not None:
             self.search.points.seen.add(a.point)
         self.executor.log_slots(self.stats.executions)
+        if end.over_budget:
+            self._budget_spent()
         finishing = self.search.finishing()  # slot counts are agreed: the same tunables on every rank
         if finishing:
             self.services.progress.clear()  # the decisions print summary lines
@@ -267,6 +270,28 @@ class Session:
                           for s in self.search.kernels.values() if not s.settled and not s.end_to_end)
         self.services.progress.update(self.stats.executions, self.stats.executions + left)
         return False
+
+    def _over_budget(self) -> bool:
+        """A function space's budget bounds the whole call (options.Budget): whether this rank finds it spent
+        (only rank 0's answer is followed). Seconds on this rank's clock from the call's start, or executions;
+        a compiles budget only bounds each key (executor: a share of it each)."""
+        budget = self.opts.resolved_budget()
+        if budget is None or self.search.points is None or self.search.finished or self.online:
+            return False
+        if budget.measure == "seconds":
+            return time.perf_counter() - self._started >= budget.limit
+        return budget.measure == "executions" and self.stats.executions >= budget.limit
+
+    def _budget_spent(self) -> None:
+        budget = self.opts.resolved_budget()
+        assert budget is not None
+        self.search.force_decide()
+        spent = time.perf_counter() - self._started
+        self.log.write("call-budget", f"{self.function}: the call's budget ({budget.limit:g} {budget.measure}) is "
+                       f"spent after {self.stats.executions} executions, {spent:.2f} s (rank 0's measure): "
+                       "every choice still open is decided on the samples taken", function=self.function,
+                       measure=budget.measure, limit=budget.limit, executions=self.stats.executions,
+                       seconds=spent)
 
     def _missing_launch(self, failure: str | None) -> str | None:
         """Re-execution: a key still tuning that this execution did not launch cannot finish (online, a key
@@ -334,17 +359,18 @@ class Session:
         raise RankMismatchError together, unless some rank failed the step (its launches need not match)."""
         new = self.executor.new_states
         if not self.comm.active:
-            return schedule.plan([mine], self.search, new, mine.compiled, self.defers)
+            return schedule.plan([mine], self.search, new, mine.compiled, self.defers, mine.over_budget)
         flags, differing = self.comm.agree(mine.identity(), "agree on the step", mine.explain, payload=mine.flags())
-        compiled = flags[:, 2:].amin(0).tolist() if differing is None else []
+        compiled = flags[:, 3:].amin(0).tolist() if differing is None else []
+        over = bool(flags[0, 2])  # rank 0's clock decides for every rank
         if differing is None and not bool(flags[:, :2].any()):
-            return schedule.plan([mine] * self.comm.world, self.search, new, compiled, self.defers)
+            return schedule.plan([mine] * self.comm.world, self.search, new, compiled, self.defers, over)
         if differing is None:  # the same step everywhere, but a rank failed or found an error: say which
             differing = self.comm.all_gather_bytes(mine.explain(), "agree on the step: every rank's failures")
         reports = [StepReport(**json.loads(b)) for b in differing]
         if not bool(flags[:, 0].any()) and any(r.identity() != reports[0].identity() for r in reports):
             raise RankMismatchError(_describe_mismatch(reports))
-        return schedule.plan(reports, self.search, new, compiled, self.defers)
+        return schedule.plan(reports, self.search, new, compiled, self.defers, over)
 
 
 def _describe_mismatch(everyone: list[StepReport]) -> str:

@@ -94,6 +94,8 @@ class Tunable:
     # Budgeted search (budget.py): the plan grows one rung at a time, each decided at the last one's end.
     budget: BudgetSearch | None = None
     later: set[int] = field(default_factory=set)  # configs not in the first rung: precompile leaves them
+    # A function space's call budget ran out (search.force_decide): decided at this step's end on its samples.
+    forced: bool = False
     prefetch: list[int] = field(default_factory=list)  # a later rung's new configs, to compile in the background
 
     def __post_init__(self) -> None:

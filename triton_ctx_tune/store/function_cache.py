@@ -79,12 +79,17 @@ class FunctionLookup:
 
 
 def function_identity(fn: Callable[..., Any], name: str, key: Any, points: list[dict[str, Any]], world: int,
-                      objective: str, reduce: str, stat: str) -> dict[str, Any]:
+                      objective: str, reduce: str, stat: str, budget: str | None = None) -> dict[str, Any]:
+    """What an entry answers for. `budget` (the call's, as written): an entry decided within one budget is not the
+    answer of a call with another, or with none."""
     device, count = device_identity()
-    return {"format": FORMAT, "function": name, "code": callable_digest(fn), "key": repr(key),
-            "points": _jsonable(points), "device": device, "arch": device_arch(), "device_count": count,
-            "world": world, "objective": objective, "reduce": reduce, "stat": stat,
-            "triton": TRITON_VERSION, "torch": torch.__version__}
+    ident = {"format": FORMAT, "function": name, "code": callable_digest(fn), "key": repr(key),
+             "points": _jsonable(points), "device": device, "arch": device_arch(), "device_count": count,
+             "world": world, "objective": objective, "reduce": reduce, "stat": stat,
+             "triton": TRITON_VERSION, "torch": torch.__version__}
+    if budget is not None:  # (absent without one: the entries written before budgets keep their identity)
+        ident["budget"] = budget
+    return ident
 
 
 def _path(directory: Path, ident: dict[str, Any]) -> Path:

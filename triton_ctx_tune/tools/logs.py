@@ -74,6 +74,8 @@ EVENTS: dict[str, EventSpec] = dict([
           "configs", "screen_ms", "lockstep_best", "factor"),
     _spec("rung", "a budgeted search's next rung of configs (engine/budget.py)", "kernel", "key", "point", "rung",
           "configs", "new", "slots", "explored", "measure", "limit", "spent", "best"),
+    _spec("call-budget", "a function space's call budget is spent (rank 0's measure): every choice still open is "
+          "decided at this step's end on the samples taken", "function", "measure", "limit", "executions", "seconds"),
     _spec("confirm", "a key's close candidates, re-timed interleaved before its decision", "kernel", "key", "point",
           "candidates", "rounds", "reduced", "margins", "end_to_end"),
     _spec("point-decision", "a function-level winner (autotune())", "function", "winner", "points", "reduced",
