@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -416,3 +417,30 @@ def test_a_surviving_point_takes_no_second_round_of_warm_ups(tmp_path):
     for p in (0, 1):  # both within 1.5x: both survive the screening
         mine = [e["timed"] for e in steps if e["point"] == p]
         assert mine == [False, False, False, True, True, True], mine  # 3 warm-ups, screening, n_repeat - 1 more
+
+
+def test_a_call_budget_that_runs_out_mid_search_decides_budgeted_keys_on_what_they_explored(tmp_path):
+    """16 executions for the call: each point's key (6 configs, 24 slots unbudgeted) searches within 8; the call
+    stops at the 16th execution, and the point that wins has its key decided among the configs it ran."""
+    @autotune(config_space=[{"extra": 0}, {"extra": 1}], key_fn=lambda x: x.numel(), n_warmup=1, n_repeat=3,
+              cache=False, e2e_runs=1, log_dir=str(tmp_path / "logs"), budget="16 executions")
+    def op(x: torch.Tensor, *, extra: int) -> torch.Tensor:
+        _ran.clear()
+        _mixed_kernel[grid(x.numel())](x, x.numel())
+        spend(10.0 + extra)
+        return x
+
+    autotuner(_mixed_kernel).cache.clear()
+    op(torch.ones(64, device=DEVICE))
+    assert op.last_call.executions == 16 + 1
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    (spent,) = [e for e in events if e["event"] == "call-budget"]
+    assert spent["executions"] == 16
+    winner = next(e for e in events if e["event"] == "point-decision")["winner"]
+    (decision,) = [e for e in events if e["event"] == "decision" and e["point"] == winner]
+    # Decided on a config it measured, the fastest of them (rank 0's pick among finite times); not all 6 ran.
+    measured = {j: t for j, t in enumerate(decision["reduced"]) if t is not None and math.isfinite(t)}
+    assert decision["winner"] == min(measured, key=lambda j: (measured[j], j))
+    assert decision["unexplored"] and set(measured) | set(decision["unexplored"]) == set(range(len(_MIXED_COST)))
+    (tuned,) = [t for t in op.last_call.tuned if t.point == winner]
+    assert tuned.config.split(",")[0] == f"BLOCK={list(_MIXED_COST)[decision['winner']]}"

@@ -28,6 +28,7 @@ TIE_BY_CODE = {code: how for how, code in TIE_CODES.items()}
 CONFIRM_CODE = 4  # a close candidate, re-timed before the key is decided
 CONFIRM_E2E_CODE = 6  # the same, timed end to end: the key overlapped another stream's work
 READMIT_CODE = 5  # a config a split screening dropped, timed in lockstep after all
+FORCED_CHECK_CODE = 7  # the call's budget is spent, but no config has run on every rank: one lockstep round first
 POINT_SCREEN = 2.5  # the screening factor of a point's kernel keys, at least (_screen_factor)
 BUDGET_CODE = 100  # a budgeted search's next rung: BUDGET_CODE + the config's timed slots in it (budget.py)
 
@@ -76,7 +77,9 @@ class Decisions:
         keep = torch.zeros((len(finishing), width), dtype=torch.int64)
         for i, s in enumerate(finishing):
             if s.forced:  # the call's budget is spent: the fastest of what was measured (search.force_decide)
-                keep[i, self._forced_winner(s, reduced[i])] = TIE_CODES[None]
+                if (picked := self._forced_pick(s, reduced[i], per_rank[:, i])) is not None:
+                    keep[i, picked[0]] = TIE_CODES[None] if picked[1] else FORCED_CHECK_CODE
+                # (else no config is left to try: the row stays empty, and every rank raises below)
             elif isinstance(s, KeyState) and s.budget is not None and s.confirmed is None:
                 # Rank 0's next rung (its own clock sizes it under a seconds budget), or the winner among the
                 # finalists (re-timed end to end first where the key's unbudgeted search would confirm so, then
@@ -126,6 +129,17 @@ class Decisions:
                 self._log_rung(s, kept, times)
             elif int(keep[i].max()) in (CONFIRM_CODE, CONFIRM_E2E_CODE):
                 self._confirm(s, kept, times, end_to_end=int(keep[i].max()) == CONFIRM_E2E_CODE)
+            elif s.forced:  # the call's budget ran out: rank 0's pick, described like any decision
+                assert isinstance(s, KeyState)  # (a forced PointTunable took the first branch)
+                if int(keep[i, kept[0]]) == FORCED_CHECK_CODE:
+                    # Not timed on every rank yet (a split screening's config ran on one): one lockstep round
+                    # first, so that the winner is known to run everywhere; decided once it has run.
+                    s.forced_checked.update(kept)
+                    s.plan = s.plan[: s.next_slot]
+                    s._time_in_lockstep(kept)
+                else:
+                    self._commit(s, kept[0], times, per_rank[:, i, : len(s.configs), 0],
+                                 self._choice(s, reduced[i], None), None)
             elif isinstance(s, KeyState) and s.budget is not None:
                 finalists = s.budget.pick_finalists(self._times(s, reduced[i]))
                 s.budget.finalists = finalists
@@ -152,23 +166,35 @@ class Decisions:
                 how = TIE_BY_CODE.get(int(keep[i, kept[0]]))
                 self._commit(s, kept[0], times, per_rank[:, i, : len(s.configs), 0], choice, how)
 
-    def _forced_winner(self, s: Tunable, reduced: torch.Tensor) -> int:
-        """Rank 0, once the call's budget is spent: the fastest config (point) with a time. A point's screening
-        time stands in where it took no sample since (its kernels were still tuning: both are call times); a key
-        or point with no time at all keeps what it runs now."""
+    def _forced_pick(self, s: Tunable, reduced: torch.Tensor, per_rank: torch.Tensor) -> tuple[int, bool] | None:
+        """Rank 0, once the call's budget is spent: (the winner, True), the fastest config (point) with a time on
+        every rank; or (a config, False) to run once on every rank first, when none has one (a split screening
+        times each config on one rank, and one that ran on one rank may fail on another). A point's screening
+        time stands in where it took no sample since (its kernels were still tuning: both are call times); every
+        point runs on every rank alike."""
         times = self._times(s, reduced)
-        if isinstance(s, PointTunable) and s.screened:
-            times = [t if math.isfinite(t) or j in s.dropped or j in s.failures else s.screened[j]
-                     for j, t in enumerate(times)]
-        finite = [j for j, t in enumerate(times) if math.isfinite(t)]
-        if finite:
-            return min(finite, key=lambda j: (times[j], j))
         if isinstance(s, PointTunable):
-            usable = [j for j in sorted(s.seen) if j not in s.failures] or \
-                     [j for j in range(len(s.configs)) if j not in s.failures]
-            return usable[0]
+            if s.screened:
+                times = [t if math.isfinite(t) or j in s.dropped or j in s.failures else s.screened[j]
+                         for j, t in enumerate(times)]
+            finite = [j for j, t in enumerate(times) if math.isfinite(t)]
+            usable = finite or [j for j in sorted(s.seen) if j not in s.failures] or \
+                [j for j in range(len(s.configs)) if j not in s.failures]
+            return min(usable, key=lambda j: (times[j], j)), True
         assert isinstance(s, KeyState)  # (the only other kind)
-        return s.step_config()
+        n = len(s.configs)
+        everywhere = [t if math.isfinite(t) else math.inf for t in per_rank[:, :n, 0].amax(0).tolist()]
+        open_ = [j for j, t in enumerate(times) if math.isfinite(t) or j in s.forced_checked]
+        ran = [j for j in open_ if math.isfinite(everywhere[j])]
+        if ran:
+            return min(ran, key=lambda j: (everywhere[j], j)), True
+        somewhere = per_rank[:, :n, 0].amin(0).tolist()
+        luck = [j for j in range(n) if math.isfinite(somewhere[j]) and j not in s.forced_checked
+                and j not in s.dropped]
+        if luck:
+            return min(luck, key=lambda j: (somewhere[j], j)), False
+        untried = [j for j in range(n) if j not in s.forced_checked and j not in s.dropped]
+        return (untried[0], False) if untried else None
 
     def _to_readmit(self, s: Tunable, reduced: torch.Tensor) -> list[int]:
         """Rank 0, after a split screening's survivors were timed in lockstep: the dropped configs whose

@@ -96,6 +96,7 @@ class Tunable:
     later: set[int] = field(default_factory=set)  # configs not in the first rung: precompile leaves them
     # A function space's call budget ran out (search.force_decide): decided at this step's end on its samples.
     forced: bool = False
+    forced_checked: set[int] = field(default_factory=set)  # configs a forced decision ran once on every rank
     prefetch: list[int] = field(default_factory=list)  # a later rung's new configs, to compile in the background
 
     def __post_init__(self) -> None:
