@@ -444,3 +444,23 @@ def test_a_call_budget_that_runs_out_mid_search_decides_budgeted_keys_on_what_th
     assert decision["unexplored"] and set(measured) | set(decision["unexplored"]) == set(range(len(_MIXED_COST)))
     (tuned,) = [t for t in op.last_call.tuned if t.point == winner]
     assert tuned.config.split(",")[0] == f"BLOCK={list(_MIXED_COST)[decision['winner']]}"
+
+
+def test_a_call_budget_spent_before_anything_was_timed_runs_one_config_on_every_rank_then_decides(tmp_path):
+    """A budget of a millisecond is spent at the first step's end, before any slot was timed: the key's first
+    config runs one lockstep round (a warm-up step, then a timed one: the key launches once an execution), which a
+    later step's end must not cut short, and is then the winner."""
+    @autotune(config_space=[{"extra": 0}], key_fn=lambda x: x.numel(), n_warmup=1, n_repeat=3, cache=False,
+              e2e_runs=1, log_dir=str(tmp_path / "logs"), budget=0.001)
+    def op(x: torch.Tensor, *, extra: int) -> torch.Tensor:
+        _mixed_kernel[grid(x.numel())](x, x.numel())
+        return x
+
+    autotuner(_mixed_kernel).cache.clear()
+    op(torch.ones(64, device=DEVICE))
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    (spent,) = [e for e in events if e["event"] == "call-budget"]
+    assert spent["executions"] == 1
+    (decision,) = [e for e in events if e["event"] == "decision"]
+    assert decision["winner"] == 0 and math.isfinite(decision["reduced"][0])
+    assert op.last_call.executions == 1 + 2 + 1  # the first step, the lockstep round's two, the final run

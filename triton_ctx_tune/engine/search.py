@@ -173,8 +173,10 @@ class Search:
         still tuning ends its plan, and this step's end decides it on the samples it has (decisions.py, forced).
         Held kernels come back so that their point, if it wins, has them decided too. Called on every rank at
         the same step's end, from agreed state only."""
-        tunables: list[AnyTunable] = [s for s in self.kernels.values() if s.winner is None]
-        if self.points is not None and not self.points.decided:
+        # (Called at every step's end once the budget is spent: a tunable already forced is on its last plan, a
+        # forced key's lockstep round, which must not be cut again; only one met since is new here.)
+        tunables: list[AnyTunable] = [s for s in self.kernels.values() if s.winner is None and not s.forced]
+        if self.points is not None and not self.points.decided and not self.points.forced:
             tunables.append(self.points)
         for t in tunables:
             if isinstance(t, KeyState) and t.held is not None:

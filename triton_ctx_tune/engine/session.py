@@ -93,6 +93,7 @@ class Session:
                           if opts.validate else None)
         self.checks = None if self.validator is None else StepChecks(step_services, self.validator)
         self._started = time.perf_counter()
+        self._budget_said = False  # the call-budget event is written once, when the call's budget is first spent
         self._host_s = 0.0  # the host side of the last execution (run_step): an end-to-end sample's head start
 
     # What call.py, tuner.py and function_tuner.py read of the executor and the services.
@@ -286,6 +287,9 @@ class Session:
         budget = self.opts.resolved_budget()
         assert budget is not None
         self.search.force_decide()
+        if self._budget_said:
+            return
+        self._budget_said = True
         spent = time.perf_counter() - self._started
         self.log.write("call-budget", f"{self.function}: the call's budget ({budget.limit:g} {budget.measure}) is "
                        f"spent after {self.stats.executions} executions, {spent:.2f} s (rank 0's measure): "
