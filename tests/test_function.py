@@ -367,6 +367,8 @@ def test_a_function_spaces_budget_bounds_the_whole_call(tmp_path):
     decided = events[kinds.index("point-decision")]
     assert stats.point == SPACE_OVERLAP[decided["winner"]]
     assert [t.point for t in stats.tuned].count(decided["winner"]) == 1
+    text = format_report(build(tmp_path / "logs"))
+    assert "op: the call's budget (20 executions) was spent after 20 executions" in text
     # Without a budget the same op takes 37 executions (test_a_point_and_its_kernels_are_decided_by_one_...).
     autotuner(_overlap_kernel).cache.clear()
     whole = _overlapping_op(tmp_path / "logs2")

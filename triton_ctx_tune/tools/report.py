@@ -85,6 +85,7 @@ class CallReport:
     errors: list[str] = field(default_factory=list)
     compile: dict[str, Any] | None = None  # the last "compile" event of the function (its last tuning call)
     compiles: dict[int, dict[str, Any]] = field(default_factory=dict)  # each rank's last "compile" event
+    budget_spent: dict[str, Any] | None = None  # the last "call-budget" event: the call stopped on its budget
 
 
 @dataclass
@@ -300,6 +301,10 @@ class _Story:
         c.compile = e
         c.compiles[int(e.get("rank", 0))] = e
 
+    def call_budget(self, e: dict[str, Any]) -> None:
+        c = self.calls.setdefault(e.get("function") or "?", CallReport(e.get("function") or "?"))
+        c.budget_spent = e
+
     def precompile_disagreed(self, e: dict[str, Any]) -> None:
         self.disagreed.setdefault(e["kernel"], []).append(f"key={tuple(e['key'])!r} {{{e['config']}}}: "
                                                           f"{str(e['precompile_reason'])[:160]}")
@@ -389,6 +394,7 @@ _READERS: dict[str, Callable[[_Story, dict[str, Any]], None]] = {
     "incremental": _Story.incremental,
     "precompile": _Story.precompile,
     "compile": _Story.compile,
+    "call-budget": _Story.call_budget,
     "precompile-disagreed": _Story.precompile_disagreed,
 }
 IGNORED: dict[str, str] = {
@@ -745,6 +751,11 @@ def format_report(report: Report) -> str:
             if c.compile is not None:
                 out.append(f"  {c.function}: {compile_line(c.compile)}")
                 out.extend(f"  {c.function}: {line}" for line in node_compile_lines(c.compiles))
+        for c in report.calls.values():
+            if (b := c.budget_spent) is not None:
+                out.append(f"  {c.function}: the call's budget ({b['limit']:g} {b['measure']}) was spent after "
+                           f"{b['executions']} executions, {b['seconds']:.2f} s: what was still open was decided on "
+                           "the samples taken")
         out.append("")
     for f in report.functions.values():
         out.extend(format_points(f))
