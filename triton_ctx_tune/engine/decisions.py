@@ -134,9 +134,7 @@ class Decisions:
                 if int(keep[i, kept[0]]) == FORCED_CHECK_CODE:
                     # Not timed on every rank yet (a split screening's config ran on one): one lockstep round
                     # first, so that the winner is known to run everywhere; decided once it has run.
-                    s.forced_checked.update(kept)
-                    s.plan = s.plan[: s.next_slot]
-                    s._time_in_lockstep(kept)
+                    s.check_everywhere(kept)
                 else:
                     self._commit(s, kept[0], times, per_rank[:, i, : len(s.configs), 0],
                                  self._choice(s, reduced[i], None), None)
@@ -183,7 +181,7 @@ class Decisions:
             return min(usable, key=lambda j: (times[j], j)), True
         assert isinstance(s, KeyState)  # (the only other kind)
         n = len(s.configs)
-        everywhere = [t if math.isfinite(t) else math.inf for t in per_rank[:, :n, 0].amax(0).tolist()]
+        everywhere = per_rank[:, :n, 0].amax(0).tolist()  # (decide() made every missing time inf)
         open_ = [j for j, t in enumerate(times) if math.isfinite(t) or j in s.forced_checked]
         ran = [j for j in open_ if math.isfinite(everywhere[j])]
         if ran:

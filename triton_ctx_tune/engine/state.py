@@ -227,6 +227,12 @@ class Tunable:
         self.dropped -= set(configs)
         self._time_in_lockstep(configs)
 
+    def check_everywhere(self, configs: list[int]) -> None:
+        """A forced decision (the call's budget spent) whose configs were not all timed on every rank: these run one
+        lockstep round first (the plan is exhausted: the key was finishing), and are not checked again."""
+        self.forced_checked.update(configs)
+        self._time_in_lockstep(configs)
+
     def confirm(self, candidates: list[int], rounds: int, end_to_end: bool = False) -> None:
         """Re-time the close candidates before deciding: `rounds` more timed slots each, round-robin, on
         fresh samples, so that they are compared over the same stretch of time and no earlier drift

@@ -282,10 +282,10 @@ _priming: threading.Thread | None = None  # prime_compiler_hash_soon()'s thread
 
 
 def prime_compiler_hash_soon() -> None:
-    """Start prime_compiler_hash() on a thread, when a tuned function is decorated: in a fresh process it took
-    0.7 s of the example's first call (before any config could start compiling), which the program's own
-    set-up now hides (and so the driver's helper module). The hash reads and digests a file, so the thread leaves the
-    GIL to the program."""
+    """Start prime_compiler_hash(), then the loading of Triton's driver helper module, on a thread when a tuned
+    function is decorated: in a fresh process they took 0.7 s of the example's first call (before any config could
+    start compiling), which the program's own set-up now hides. The hash reads and digests a file, so the thread
+    leaves the GIL to the program."""
     global _priming
     if _priming is None and multiprocessing.parent_process() is None:  # (not in a DataLoader worker)
         _priming = threading.Thread(target=_prime, name="ctx-tune-prime")

@@ -293,16 +293,20 @@ class _Story:
     precompiles: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # until the key's decision
     disagreed: dict[str, list[str]] = field(default_factory=dict)
 
+    def _call(self, function: str | None) -> CallReport:
+        """The function's call summary, begun at the first event that names it."""
+        return self.calls.setdefault(function or "?", CallReport(function or "?"))
+
     def precompile(self, e: dict[str, Any]) -> None:
         self.precompiles[(e["kernel"], repr(tuple(e["key"])))] = e
 
     def compile(self, e: dict[str, Any]) -> None:
-        c = self.calls.setdefault(e.get("function") or "?", CallReport(e.get("function") or "?"))
+        c = self._call(e.get("function"))
         c.compile = e
         c.compiles[int(e.get("rank", 0))] = e
 
     def call_budget(self, e: dict[str, Any]) -> None:
-        c = self.calls.setdefault(e.get("function") or "?", CallReport(e.get("function") or "?"))
+        c = self._call(e.get("function"))
         c.budget_spent = e
 
     def precompile_disagreed(self, e: dict[str, Any]) -> None:
@@ -320,12 +324,12 @@ class _Story:
 
     def call(self, e: dict[str, Any]) -> None:
         self.function = e.get("function")
-        c = self.calls.setdefault(self.function or "?", CallReport(self.function or "?"))
+        c = self._call(self.function)
         c.world, c.device, c.timer = e.get("world", 1), e.get("device", "?"), e.get("timer", "?")
         c.calls += 1
 
     def end(self, e: dict[str, Any]) -> None:
-        c = self.calls.setdefault(e.get("function") or "?", CallReport(e.get("function") or "?"))
+        c = self._call(e.get("function"))
         c.executions += int(e.get("executions", 0))
         c.wall_s += float(e.get("wall_s", 0.0))
         if e.get("error"):
