@@ -466,3 +466,54 @@ def test_a_call_budget_spent_before_anything_was_timed_runs_one_config_on_every_
     (decision,) = [e for e in events if e["event"] == "decision"]
     assert decision["winner"] == 0 and math.isfinite(decision["reduced"][0])
     assert op.last_call.executions == 1 + 2 + 1  # the first step, the lockstep round's two, the final run
+
+
+def test_a_point_is_decided_on_its_slow_fifth_not_a_lucky_median(tmp_path):
+    """A point whose overlap works only some of the time (the gather on a side stream of no priority: issue 35's
+    1.092 run) must not win on its median. The jittery point measures 6 ms in three of its five samples and 20 ms in
+    two (median 6, mean 11.6); the steady one 10 ms in each: the steady one wins, on q80, and report says so."""
+    samples: dict[bool, int] = {True: 0, False: 0}
+
+    @autotune(config_space=[{"steady": False}, {"steady": True}], n_warmup=1, n_repeat=5, cache=False, e2e_runs=1,
+              early_stop=False, log_dir=str(tmp_path / "logs"))
+    def op(x: torch.Tensor, *, steady: bool) -> torch.Tensor:
+        double_[grid(x.numel())](x, x.numel())
+        samples[steady] += 1
+        spend(10.0 if steady else (20.0 if samples[steady] % 5 in (0, 4) else 6.0))
+        return x
+
+    op(torch.ones(64, device=DEVICE))
+    assert op.last_call.point == {"steady": True}
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    decision = next(e for e in events if e["event"] == "point-decision")
+    assert decision["winner"] == 1
+    # The jittery point's median is the lower; the compared q80 is not.
+    assert decision["reduced"][0] < decision["reduced"][1] and decision["compared"][0] > decision["compared"][1]
+    text = format_report(build(tmp_path / "logs"))
+    assert "decided on q80" in text
+
+
+def test_a_call_budget_screens_every_point_first_and_tunes_the_best_screened_first(tmp_path):
+    """With a call budget, each point's budgeted key runs its first rung as the point's screening and is held there;
+    once every point is screened, the survivors' kernels finish tuning best first. Here the best point is the last
+    in the space: tuned in the space's order, 40 executions ran out before its first end-to-end sample (issue 35's
+    budget10 runs that chose chunks=1)."""
+    @autotune(config_space=[{"extra": e} for e in (3, 2, 1, 0)], key_fn=lambda x: x.numel(), n_warmup=1,
+              n_repeat=3, cache=False, e2e_runs=1, log_dir=str(tmp_path / "logs"), budget="40 executions")
+    def op(x: torch.Tensor, *, extra: int) -> torch.Tensor:
+        _mixed_kernel[grid(x.numel())](x, x.numel())
+        spend(10.0 + extra)
+        return x
+
+    autotuner(_mixed_kernel).cache.clear()
+    op(torch.ones(64, device=DEVICE))
+    assert op.last_call.point == {"extra": 0}
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    screen = kinds.index("screen")  # the points' screening (their keys take rungs, not screening passes)
+    assert events[screen].get("kind") == "point" and events[screen]["kept"] == [0, 1, 2, 3]
+    # Every point's key ran its first rung before the points' screening ended, and no second one.
+    assert sorted(e["point"] for e in events[:screen] if e["event"] == "rung") == [0, 1, 2, 3]
+    # After it, the best-screened point's key is the first to go on.
+    after = [e["point"] for e in events[screen:] if e["event"] in ("rung", "decision")]
+    assert after[0] == 3, after

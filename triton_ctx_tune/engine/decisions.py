@@ -29,6 +29,7 @@ CONFIRM_CODE = 4  # a close candidate, re-timed before the key is decided
 CONFIRM_E2E_CODE = 6  # the same, timed end to end: the key overlapped another stream's work
 READMIT_CODE = 5  # a config a split screening dropped, timed in lockstep after all
 FORCED_CHECK_CODE = 7  # the call's budget is spent, but no config has run on every rank: one lockstep round first
+POINT_STAT = 2  # the column of a point's end-to-end times that decides it: q80 (_times)
 POINT_SCREEN = 2.5  # the screening factor of a point's kernel keys, at least (_screen_factor)
 BUDGET_CODE = 100  # a budgeted search's next rung: BUDGET_CODE + the config's timed slots in it (budget.py)
 
@@ -125,7 +126,14 @@ class Decisions:
                     self._commit_point(s, kept[0], times, per_rank[:, i, : len(s.configs), 0])
             elif int(keep[i].max()) >= BUDGET_CODE:
                 assert isinstance(s, KeyState) and s.budget is not None
-                s.add_rung({j: int(keep[i, j]) - BUDGET_CODE for j in kept})
+                rung = {j: int(keep[i, j]) - BUDGET_CODE for j in kept}
+                if hold and s.point is not None:
+                    # Its first rung was its point's screening: the rest waits until the point survives, as a
+                    # screened key's survivors do (search.hold_screened_kernels).
+                    compared = self._times(s, times)
+                    s.hold_rung(rung, best=min(range(len(compared)), key=lambda j: (compared[j], j)))
+                else:
+                    s.add_rung(rung)
                 self._log_rung(s, kept, times)
             elif int(keep[i].max()) in (CONFIRM_CODE, CONFIRM_E2E_CODE):
                 self._confirm(s, kept, times, end_to_end=int(keep[i].max()) == CONFIRM_E2E_CODE)
@@ -304,7 +312,11 @@ class Decisions:
         candidates only they compete. Their fresh samples are whole steps when confirmed end to end, and a
         config that was not re-timed keeps a per-launch time, which would compare a kernel's span with the
         call's (issue 35: on all-gather + GEMM the winner was the config left out of the confirmation)."""
-        out = reduced[: len(s.configs), 0].tolist()
+        # A point is judged on its slow fifth (q80), not its median: a point whose overlap works only some of the
+        # time (all-gather + GEMM with the gather on a side stream of no priority: 0.607 ms in its fastest fifth,
+        # 0.664 in its slowest, 0.673 in every later call) won on a lucky median over a steady 0.627 (issue 35).
+        column = POINT_STAT if isinstance(s, PointTunable) and not s.screening else 0
+        out = reduced[: len(s.configs), column].tolist()
         confirmed = None if not isinstance(s, KeyState) or s.confirmed is None else set(s.confirmed)
         return [math.inf if j in s.dropped or (confirmed is not None and j not in confirmed) else t
                 for j, t in enumerate(out)]
@@ -342,15 +354,16 @@ class Decisions:
             elif s.held is not None:
                 s.resume()
         svc.stats.point = dict(pts.configs[winner])
-        times = reduced[:, 0].tolist()
+        times = reduced[:, POINT_STAT].tolist()  # (a screened-out point's from its screening: the margin's runner-up)
         finite = sorted(t for j, t in enumerate(times) if math.isfinite(t) and j != winner)
         margin = finite[0] / times[winner] - 1 if finite and times[winner] > 0 else None
         how = f"{svc.opts.reduce} over {svc.comm.world} ranks" if svc.comm.world > 1 else "1 rank"
         svc.log.write("point-decision", f"point-decision function={svc.function} winner=point#{winner} "
-                      f"{pts.configs[winner]} {fmt_ms(times[winner])} end to end ({svc.opts.stat}, {how}); "
-                      f"reduced=[{', '.join(f'{t:.4f}' for t in times)}]",
+                      f"{pts.configs[winner]} {fmt_ms(times[winner])} end to end (q80, {how}); "
+                      f"compared=[{', '.join(f'{t:.4f}' for t in times)}]",
                       function=svc.function, winner=winner, points=[plain_point(p) for p in pts.configs],
-                      reduced=times, reduced_q20=reduced[:, 1].tolist(), reduced_q80=reduced[:, 2].tolist(),
+                      compared=times, reduced=reduced[:, 0].tolist(), reduced_q20=reduced[:, 1].tolist(),
+                      reduced_q80=reduced[:, 2].tolist(),
                       per_rank=per_rank.tolist(), margin=margin, screened_out=sorted(pts.dropped),
                       failures={str(k): v for k, v in pts.failures.items()},
                       kernels=[{"kernel": s.kernel, "key": list(s.key), "winner": s.winner,
@@ -358,7 +371,7 @@ class Decisions:
                                for s in kernels],
                       reduce=svc.opts.reduce, stat=svc.opts.stat, world=svc.comm.world,
                       executions=svc.stats.executions, tuning_s=pts.tuning_s)
-        svc.log.summary(f"{svc.function}: point {pts.configs[winner]} -> {fmt_ms(times[winner])} end to end "
+        svc.log.summary(f"{svc.function}: point {pts.configs[winner]} -> {fmt_ms(times[winner])} end to end (q80) "
                         f"({len(pts.configs)} points, {len(pts.failures)} failed, {len(pts.dropped)} screened out, "
                         f"{how}, {pts.tuning_s:.2f} s)")
         svc.point_decided({"winner": winner, "reduced": reduced.tolist(), "per_rank": per_rank.tolist()})

@@ -49,6 +49,10 @@ class PointTunable(Tunable):
         """End the points' screening. A survivor's screening sample ran its kernels at their screening's best,
         not at the configs they will be decided on: it is dropped, and the survivors are judged on the
         samples they take once their kernels are decided (the point and its kernels by one end-to-end rule)."""
+        # Best first: the survivors' kernels finish tuning in this order, so that a call budget that runs out
+        # midway has tuned the points most likely to win (the rest are decided on their screening times).
+        if self.screened:
+            survivors = sorted(survivors, key=lambda c: (self.screened[c], c))
         super().keep(survivors)
         for c in survivors:
             self.samples[c] = []
@@ -180,7 +184,7 @@ class Search:
             tunables.append(self.points)
         for t in tunables:
             if isinstance(t, KeyState) and t.held is not None:
-                t.held, t.provisional = None, None
+                t.held, t.provisional, t.held_rung = None, None, None
             t.plan = t.plan[: t.next_slot]
             t.screening = False
             t.forced = True

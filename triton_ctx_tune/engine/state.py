@@ -76,6 +76,9 @@ class Tunable:
     # survivors wait here, and the screening's best runs meanwhile, until resume() or the end.
     held: list[int] | None = None
     provisional: int | None = None
+    # A budgeted key held after its first rung: the next rung, agreed already, planned at resume() (issue 35: a
+    # function space's budget ran out before its best point had its first end-to-end sample).
+    held_rung: dict[int, int] | None = None
     # Configs that take no slot: their times were carried over from an earlier tuning (incremental.py).
     carried: set[int] = field(default_factory=set)
     # Configs an earlier tuning found among the fastest, timed again to calibrate (incremental.py's anchors).
@@ -257,9 +260,17 @@ class Tunable:
         self.dropped = set(range(len(self.configs))) - set(survivors)
         self.held, self.provisional = survivors, best
 
+    def hold_rung(self, rung: dict[int, int], best: int) -> None:
+        """A budgeted key's first rung has run while its point is screened: plan nothing more until resume(),
+        which plans `rung`; `best` runs meanwhile."""
+        self.held, self.provisional, self.held_rung = sorted(rung), best, rung
+
     def resume(self) -> None:
-        survivors, self.held, self.provisional = self.held, None, None
-        if survivors is not None:
+        survivors, rung = self.held, self.held_rung
+        self.held, self.provisional, self.held_rung = None, None, None
+        if rung is not None:
+            self.add_rung(rung)
+        elif survivors is not None:
             self.keep(survivors)
 
     def fail(self, config: int, reason: str) -> None:

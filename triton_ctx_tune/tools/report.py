@@ -103,6 +103,7 @@ class PointReport:
     world: int = 1
     stat: str = "median"
     reduce: str = "max"
+    compared: list[float | None] | None = None  # the q80 per point that decided (None: logs written before it)
 
 
 @dataclass
@@ -340,7 +341,8 @@ class _Story:
             e["function"], list(e["points"]), int(e["winner"]), [_finite(x) for x in e["reduced"]],
             [[_finite(x) for x in row] for row in e.get("per_rank", [])], _finite(e.get("margin")),
             list(e.get("screened_out", [])), dict(e.get("failures", {})), list(e.get("kernels", [])),
-            int(e.get("world", 1)), str(e.get("stat", "median")), str(e.get("reduce", "max")))
+            int(e.get("world", 1)), str(e.get("stat", "median")), str(e.get("reduce", "max")),
+            [_finite(x) for x in e["compared"]] if "compared" in e else None)
 
     def online_call(self, e: dict[str, Any]) -> None:
         o = self.online.setdefault(e["function"], OnlineReport(e["function"]))
@@ -648,9 +650,10 @@ def _incremental_line(i: dict[str, Any]) -> str:
 def format_points(f: PointReport) -> list[str]:
     """The function-level table: point, end-to-end time, per-rank spread, winner and margin."""
     margin = "" if f.margin is None else f", {f.margin * 100:.1f}% ahead of the runner-up"
+    decided = "" if f.compared is None else " (decided on q80: a point's slow fifth)"
     out = [f"{f.function}: function-level space, winner point#{f.winner} {f.points[f.winner]}{margin} "
-           f"(end to end, {f.stat}, {f.reduce} over {f.world} ranks)",
-           f"  {'':2}{'#':>3}  {'point':<40} {'end-to-end ms':>14} {'per-rank spread':>22}  note"]
+           f"(end to end, {f.stat}, {f.reduce} over {f.world} ranks){decided}",
+           f"  {'':2}{'#':>3}  {'point':<40} {'end-to-end ms':>14} {'q80 ms':>9} {'per-rank spread':>22}  note"]
     for j, point in enumerate(f.points):
         times = [t for row in f.per_rank if j < len(row) and (t := row[j]) is not None]
         spread = f"{min(times):.4f}..{max(times):.4f}" if times else "-"
@@ -658,7 +661,8 @@ def format_points(f: PointReport) -> list[str]:
                 "screened out" if j in f.screened_out else "")
         mark = "*" if j == f.winner else " "
         ms = _ms(f.ms[j]) if j < len(f.ms) else "-"
-        out.append(f"  {mark:2}{j:>3}  {str(point):<40} {ms:>14} {spread:>22}  {note}")
+        q80 = _ms(f.compared[j]) if f.compared is not None and j < len(f.compared) else "-"
+        out.append(f"  {mark:2}{j:>3}  {str(point):<40} {ms:>14} {q80:>9} {spread:>22}  {note}")
     for k in f.kernels:
         out.append(f"     under the winner: {k['kernel']} key={tuple(k['key'])!r} -> {{{k['config']}}}")
     return out
