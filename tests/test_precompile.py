@@ -232,6 +232,28 @@ def test_the_rest_compile_smallest_key_first():
     assert order == ["small", "big"]  # a key of 6 configs is not held behind one of 48
 
 
+def test_a_rank_hands_out_its_cheapest_config_first_then_the_slowest_to_compile(monkeypatch):
+    """The execution waits for the first config ready, so the cheapest goes first; then the longest compiles,
+    so that none starts last and ends the key alone. Other ranks steal from the other end."""
+    import triton
+
+    from triton_ctx_tune.compile import precompile
+    from triton_ctx_tune.compile.precompile import compile_order, compile_weight
+
+    monkeypatch.setattr(precompile, "interpret_mode", lambda: False)  # (under it, the list's order: nothing compiles)
+
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "GROUP_M": 8}, num_warps=w, num_stages=st)
+               for m, n, w, st in [(64, 64, 4, 3), (128, 256, 8, 4), (32, 32, 4, 2), (128, 128, 4, 3), (64, 64, 2, 2)]]
+    # GROUP_M (8) is not a tile: 64x64x4x3, 128x256x8x4, 32x32x4x2, 128x128x4x3, 64x64x2x2
+    assert [compile_weight(c) for c in configs] == [49152.0, 1048576.0, 8192.0, 196608.0, 16384.0]
+    assert compile_order(configs, [0, 1, 2, 3, 4]) == [2, 1, 3, 0, 4]
+    assert compile_order(configs, [0, 3]) == [0, 3] and compile_order(configs, [4]) == [4]
+    # FLA-style configs that differ in warps and stages only.
+    fla = [triton.Config({}, num_warps=w, num_stages=st) for w in (2, 4, 8) for st in (2, 3, 4)]
+    order = compile_order(fla, list(range(9)))
+    assert order[0] == 0 and order[1] == 8  # 2 warps x 2 stages first, then 8 warps x 4 stages
+
+
 def _compile_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("ctx-tune-") and t.is_alive()}
 

@@ -176,6 +176,25 @@ def local_share(n_configs: int, comm: Collectives) -> list[int]:
     return [i for i in range(n_configs) if i % local_world == local_rank]
 
 
+def compile_weight(config: Any) -> float:
+    """A guess at how long a config takes to compile, for ordering only: its tile (the product of its integer
+    meta-parameters of 16 or more) times num_stages times num_warps. Larger tiles and deeper pipelines make
+    more code for ptxas (FLA's chunk_bwd_kernel_dqkwg: 0.7 s for its small configs, 3.8 s for its largest)."""
+    tile = math.prod(v for v in (getattr(config, "kwargs", None) or {}).values()
+                     if isinstance(v, int) and not isinstance(v, bool) and v >= 16)
+    return float(tile * (getattr(config, "num_stages", None) or 1) * (getattr(config, "num_warps", None) or 4))
+
+
+def compile_order(configs: list[Any], indices: list[int]) -> list[int]:
+    """The order in which a rank hands `indices` out: the cheapest first, since an execution waits for the first
+    one ready (first_ready), then the rest slowest first, so that the longest compiles do not start last and
+    end the key's compile alone (longest processing time first)."""
+    if len(indices) <= 1 or interpret_mode():  # (the interpreter compiles nothing: the config list's order)
+        return list(indices)
+    ranked = sorted(indices, key=lambda i: (compile_weight(configs[i]), i))
+    return [ranked[0], *reversed(ranked[1:])]
+
+
 def default_threads() -> int:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     return max(1, min(32, (os.cpu_count() or 1) // max(local_world, 1)))
@@ -537,11 +556,12 @@ class Precompiling:
         skip = set(state.failures) | set(state.carried) | set(state.later)
         # Configs already failed (quarantined: they killed a process) are neither compiled nor run; carried
         # ones (incremental re-tuning) take no slot and compile at their first launch if they win.
-        self.mine = [i for i in local_share(len(state.configs), comm) if i not in skip]
-        # The other local ranks' configs, last first (their owners start at the front): this rank's workers
-        # compile them once its own share is done, while the finish() of the step is not reached yet, so no
+        self.mine = compile_order(state.configs, [i for i in local_share(len(state.configs), comm) if i not in skip])
+        # The other local ranks' configs, their owners' order reversed (owners start at the front): this rank's
+        # workers compile them once its own share is done, while the finish() of the step is not reached yet, so no
         # rank's workers idle while another's queue is long. Their outcome only warms Triton's disk cache.
-        self.others = [i for i in reversed(range(len(state.configs))) if i not in self.mine and i not in skip]
+        self.others = list(reversed(compile_order(state.configs, [i for i in range(len(state.configs))
+                                                                   if i not in self.mine and i not in skip])))
         self.ran_meanwhile: list[int] = []  # what first_ready() handed to the execution
         self._ready: list[int] = []
         self._settled = False
@@ -660,7 +680,7 @@ class Precompiling:
                 places[i] = WORKER if i in self.stolen else RANKS
         compile_s = {**more.compile_s, **mine.compile_s}
         by_workers = sorted(i for i in self.mine if places.get(i) == WORKER)
-        return Compiled(self.mine, time.perf_counter() - self.started, failures=failures, rejected=rejected,
+        return Compiled(sorted(self.mine), time.perf_counter() - self.started, failures=failures, rejected=rejected,
                         skipped={**mine.skipped, **more.skipped}, by_workers=by_workers,
                         workers={} if pool is None else pool.status(),
                         ran_meanwhile=sorted(set(self.ran_meanwhile)), places=places, compile_s=compile_s,
