@@ -115,8 +115,9 @@ def test_a_seconds_budget_stops_exploring(tmp_path):
 
 def test_a_seconds_budget_with_compile_workers_explores_in_rungs_as_wide_as_the_workers():
     """A rung's configs compile side by side, so a rung costs about one compile's wall time whatever its width (up
-    to the workers): rank 0 counts what is left in rungs, each as wide as its workers, and spreads a wide rung over
-    the neighbourhoods of the three fastest configs rather than the fastest one's alone."""
+    to the workers): rank 0 counts what is left in rungs, each as wide as its workers. A wide rung takes the fastest
+    config's coupled moves (a tile step with a warps step), one-step neighbours and leaps (one parameter two steps),
+    then the next parents' within 1.5x of the fastest; a config 1.56x slower is no parent."""
     configs = bk.configs()
     costs = [bk.cost_ms(bk.point_of(c)) for c in configs]
     wide = BudgetSearch(configs, "seconds", 10.0, n_repeat=3, parallel=16, first_width=16)
@@ -130,9 +131,15 @@ def test_a_seconds_budget_with_compile_workers_explores_in_rungs_as_wide_as_the_
     rung = wide.next_rung(times, 2.0)
     assert len(rung) == 16 and not set(rung) & set(first)
     fastest = sorted(first, key=lambda i: costs[i])[:3]
-    for parent in fastest:
-        one_step, _ = wide.neighbours(parent)
-        assert set(one_step) & set(rung), parent
+    assert [round(costs[i] / costs[fastest[0]], 2) for i in fastest] == [1.0, 1.29, 1.56]
+    coupled, (one_step, _) = wide.coupled(fastest[0]), wide.neighbours(fastest[0])
+    assert len(coupled) == 4 and len(one_step) == 10  # BLOCK_K/M/N or GROUP_M with num_warps, the same way
+    assert set(coupled) | set(one_step) <= set(rung)  # 14 of the 16
+    leaps = wide.leaps(fastest[0])
+    assert len(leaps) == 5 and set(rung) == set(coupled) | set(one_step) | set(leaps[:2])
+    # A narrow rung (no workers) walks from the fastest alone while its neighbourhood lasts: no leaps.
+    narrow_order = wide._local(fastest[:2], wide=False)
+    assert narrow_order[:14] == coupled + one_step and not set(leaps) & set(narrow_order[:14])
     # Without workers the same state is priced per config (2 s / 16) and a rung is a quarter of what is left.
     narrow = BudgetSearch(configs, "seconds", 10.0, n_repeat=3)
     assert len(narrow.first_rung()) == 8

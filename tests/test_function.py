@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -517,3 +518,28 @@ def test_a_call_budget_screens_every_point_first_and_tunes_the_best_screened_fir
     # After it, the best-screened point's key is the first to go on.
     after = [e["point"] for e in events[screen:] if e["event"] in ("rung", "decision")]
     assert after[0] == 3, after
+
+
+def test_a_seconds_call_budget_is_not_spent_by_the_first_executions_compile(tmp_path):
+    """The call keeps a reserve for its decisions and final run, priced at the cheapest recent step: not at the
+    first, which compiles (priced at the mean, a first execution of 0.3 s spent a 1 s budget at once: issue 35's
+    budget10 ran 6 executions)."""
+    first = [True]
+
+    @autotune(config_space=[{"extra": 0}, {"extra": 1}], key_fn=lambda x: x.numel(), n_warmup=1, n_repeat=3,
+              cache=False, e2e_runs=1, log_dir=str(tmp_path / "logs"), budget=1.0)
+    def op(x: torch.Tensor, *, extra: int) -> torch.Tensor:
+        if first[0]:
+            first[0] = False
+            time.sleep(0.3)  # as a first execution's compiles
+        _mixed_kernel[grid(x.numel())](x, x.numel())
+        spend(10.0 + extra)
+        return x
+
+    autotuner(_mixed_kernel).cache.clear()
+    op(torch.ones(64, device=DEVICE))
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    spent = [e for e in events if e["event"] == "call-budget"]
+    # Either the whole search fitted, or the budget ran out well after the first step.
+    assert op.last_call.executions > 8
+    assert all(e["executions"] > 8 for e in spent), [(e["executions"], e["seconds"]) for e in spent]

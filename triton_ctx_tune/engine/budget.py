@@ -16,10 +16,11 @@ The rungs, in order:
    Triton's own pruning has already cut and sorted the configs by it: the model's first picks take half of
    this rung.
 2. **Local search.** Rungs of about an eighth of the explorable configs each (a seconds budget: as wide as
-   the compile workers, below): the unexplored neighbours of the three fastest configs so far, one parameter
-   one step up or down first, round-robin over the three, then two parameters at once; when none is left,
-   more spread samples. Until the budget for new configs is spent. A rung's new configs compile side by
-   side before its first slot.
+   the compile workers, below): the unexplored neighbours of the three fastest configs so far (those within
+   1.5x of the fastest): the fastest's coupled moves first (a meta-parameter and num_warps one step each, the
+   same way: a larger tile wants more warps), then one parameter one step up or down, round-robin over the
+   parents, then two parameters at once; when none is left, more spread samples. Until the budget for new
+   configs is spent. A rung's new configs compile side by side before its first slot.
 3. **Halving.** The 2F fastest (F = 3 finalists) get one more timed slot each; then the F fastest by
    their samples so far are re-timed, interleaved, up to `n_repeat` samples each. With an executions
    budget, the final rung also takes whatever slots are left, so the key spends exactly its budget.
@@ -51,6 +52,7 @@ from typing import Any
 
 FINALISTS = 3  # F: configs re-timed to n_repeat samples before the decision
 TOP_PARENTS = 3  # the fastest configs whose neighbours the local search explores
+PARENT_BAND = 1.5  # ... those within this factor of the fastest
 EARLY_RUNG = 8  # the first rung of a seconds budget, sized before any config was measured
 FIRST_RUNG_WITH_WORKERS = 16  # ... when compile workers compile it side by side (its wall time is about one's)
 MEASURES = ("executions", "compiles", "seconds")
@@ -244,14 +246,47 @@ class BudgetSearch:
                             double.append(j)
         return single, double
 
+    def coupled(self, i: int) -> list[int]:
+        """Configs with one meta-parameter and num_warps one step each, the same way: a larger tile wants more
+        warps, and either step alone can be slower (the 4096-cube's best, 128x256 with 8 warps, is two steps
+        from 128x128 with 4, where the local search settled at 1.15 of the best: RESULTS.md section 25)."""
+        if "num_warps" not in self.names:
+            return []
+        w, c, out = self.names.index("num_warps"), self.coords[i], []
+        for a, name in enumerate(self.names):
+            if name in ("num_warps", "num_stages", "num_ctas", "maxnreg"):
+                continue
+            for d in (1, -1):
+                moved = list(c)
+                moved[a] += d
+                moved[w] += d
+                if (j := self.where.get(tuple(moved))) is not None:
+                    out.append(j)
+        return out
+
+    def leaps(self, i: int) -> list[int]:
+        """Configs one parameter two steps away: a parameter whose best value lies two steps off (a deeper pipeline,
+        num_stages 3 to 5) is reached in one rung, not two."""
+        c, out = self.coords[i], []
+        for a in range(len(c)):
+            for d in (2, -2):
+                if (j := self.where.get(c[:a] + (c[a] + d,) + c[a + 1:])) is not None:
+                    out.append(j)
+        return out
+
     def _local(self, parents: list[int], wide: bool) -> list[int]:
-        """The local search's candidates in order: each parent's neighbours in turn, the fastest's first (a narrow
-        rung walks down from the best); for a wide rung, every parent's one-step neighbours round-robin, then
-        their two-step ones, so that the rung is not spent on the fastest config's neighbourhood alone."""
-        tiers = [self.neighbours(p) for p in parents]
+        """The local search's candidates in order: the fastest parent's coupled moves (a tile step with a warps
+        step) and one-step neighbours first; then, for a wide rung, which must reach far in one go, the fastest's
+        leaps, the other parents' one-step neighbours and coupled moves round-robin, then every parent's two-step
+        ones; a narrow rung (there are more of them) walks down from the best, parent by parent."""
+        if not parents:
+            return []
+        tiers = [(self.coupled(p), *self.neighbours(p)) for p in parents]
         if not wide:
-            return [j for one, two in tiers for j in one + two]
-        return _round_robin([one for one, _ in tiers]) + _round_robin([two for _, two in tiers])
+            return [j for pair, one, two in tiers for j in pair + one + two]
+        (pair, one, _), rest = tiers[0], tiers[1:]
+        return (pair + one + self.leaps(parents[0]) + _round_robin([o for _, o, _ in rest]) + _round_robin([p for p, _, _ in rest])
+                + _round_robin([t for _, _, t in tiers]))
 
     def current_times(self, times: list[float]) -> list[float]:
         """Each config's best-known time: this run's, else an earlier run's on this run's scale (anchors)."""
@@ -287,7 +322,10 @@ class BudgetSearch:
                 size = min(left, max(2, per))
                 rung: dict[int, int] = {}
                 fresh = set(self._unexplored())
-                for j in self._local(ranked[:TOP_PARENTS], wide=self.measure == "seconds" and self.parallel > 1):
+                # Parents: the fastest few, within PARENT_BAND of the fastest (on 1152 GEMM configs the spread
+                # rung's second and third were 2.7x slower: their neighbourhoods took two thirds of the next rung).
+                parents = [i for i in ranked[:TOP_PARENTS] if now[i] <= PARENT_BAND * now[ranked[0]]]
+                for j in self._local(parents, wide=self.measure == "seconds" and self.parallel > 1):
                     if len(rung) < size and j in fresh:
                         rung[j] = 1
                 rung.update({i: 1 for i in self.spread(size - len(rung), rung)})

@@ -8,6 +8,7 @@ group's rank 0 broadcasts either the survivors of a screening pass or the winner
 """
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import time
@@ -31,8 +32,8 @@ from .state import KeyState
 from .validate import StepChecks, Validator
 
 HEAD_START_MAX_S = 0.02  # the longest the GPU waits before an end-to-end sample (run_step)
-# A seconds call budget counts this many average executions ahead for what follows the step that spends it: the
-# decisions and the final run (_over_budget).
+# A seconds call budget counts this many executions ahead (at the cheapest of the last steps' cost) for what follows
+# the step that spends it: the decisions and the final run (_over_budget).
 FINISH_STEPS = 3
 
 
@@ -96,6 +97,9 @@ class Session:
                           if opts.validate else None)
         self.checks = None if self.validator is None else StepChecks(step_services, self.validator)
         self._started = time.perf_counter()
+        # A seconds call budget's measure of what a step costs: the last steps' seconds per execution (_over_budget).
+        self._recent_steps: collections.deque[float] = collections.deque(maxlen=8)
+        self._step_mark, self._step_runs = self._started, 0
         self._budget_said = False  # the call-budget event is written once, when the call's budget is first spent
         self._host_s = 0.0  # the host side of the last execution (run_step): an end-to-end sample's head start
 
@@ -284,10 +288,15 @@ class Session:
             return False
         if budget.measure == "seconds":
             # The decisions and the final run come after the step that finds the budget spent: that step already
-            # counts them, at FINISH_STEPS average executions (10% of all-gather + GEMM's sweep was overrun by 0.1
-            # to 1.1% when it did not).
-            elapsed = time.perf_counter() - self._started
-            return elapsed + FINISH_STEPS * elapsed / max(self.stats.executions, 1) >= budget.limit
+            # counts them, FINISH_STEPS executions at the cheapest of the last steps' cost per execution (10% of
+            # all-gather + GEMM's sweep was overrun by 0.1 to 1.1% when it did not; the first step, which compiles,
+            # is left out: counted at the mean, it spent the budget at once).
+            now = time.perf_counter()
+            if self._step_runs:
+                self._recent_steps.append((now - self._step_mark) / max(self.stats.executions - self._step_runs, 1))
+            self._step_mark, self._step_runs = now, self.stats.executions
+            per = min(self._recent_steps, default=0.0)
+            return now - self._started + FINISH_STEPS * per >= budget.limit
         return budget.measure == "executions" and self.stats.executions >= budget.limit
 
     def _budget_spent(self) -> None:
