@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             runs = [replay(table, s, a.measure, a.limit, a.parallel, noise=a.noise) for s in range(a.seeds)]
             ok = sum(r <= 1.03 for r, _, _ in runs)
             within, total = within + ok, total + len(runs)
-            print(f"{Path(path).name} {shape}: within 1.03 in {ok}/{len(runs)}, worst {max(r for r, _, _ in runs):.3f}, "
+            worst = max(r for r, _, _ in runs)
+            print(f"{Path(path).name} {shape}: within 1.03 in {ok}/{len(runs)}, worst {worst:.3f}, "
                   f"{runs[0][1]} configs explored, {runs[0][2]:.1f} s")
     print(f"all: within 1.03 in {within}/{total}")
     return 0

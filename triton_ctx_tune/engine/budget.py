@@ -285,8 +285,8 @@ class BudgetSearch:
         if not wide:
             return [j for pair, one, two in tiers for j in pair + one + two]
         (pair, one, _), rest = tiers[0], tiers[1:]
-        return (pair + one + self.leaps(parents[0]) + _round_robin([o for _, o, _ in rest]) + _round_robin([p for p, _, _ in rest])
-                + _round_robin([t for _, _, t in tiers]))
+        return (pair + one + self.leaps(parents[0]) + _round_robin([o for _, o, _ in rest])
+                + _round_robin([p for p, _, _ in rest]) + _round_robin([t for _, _, t in tiers]))
 
     def current_times(self, times: list[float]) -> list[float]:
         """Each config's best-known time: this run's, else an earlier run's on this run's scale (anchors)."""
