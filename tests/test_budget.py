@@ -215,3 +215,24 @@ def test_a_perf_model_with_top_k_seeds_the_first_rung(tmp_path):
     (pre,) = _events(tmp_path, "precompile")
     assert 0 in pre["mine"] and len(pre["mine"]) == 6
     assert len(_entry(tmp_path)["tuned"]["budget"]["explored"]) == 12
+
+
+def test_a_seconds_budget_never_starts_a_final_rung_it_cannot_pay_for():
+    """The halving and final rungs are priced at the cost per slot so far: with 0.5 s left at 0.3 s a slot (9.5 s
+    for 32), the final re-timing takes 1 slot, not its 3 finalists x (n_repeat - 1); with nothing left, none."""
+    configs = bk.configs()
+    costs = [bk.cost_ms(bk.point_of(c)) for c in configs]
+
+    def at_final(left_s: float) -> dict[int, int]:
+        search = BudgetSearch(configs, "seconds", 10.0, n_repeat=5, first_width=16)
+        search.apply(search.first_rung())  # 16 configs: 32 slots
+        times = [costs[i] if i in search.launched else math.inf for i in range(len(configs))]
+        search.phase = "final"  # (the explore and halving rungs are spent)
+        return search.next_rung(times, 10.0 - left_s)
+
+    per_slot = (10.0 - 0.5) / 32
+    rung = at_final(0.5)
+    assert sum(rung.values()) == int(0.5 / per_slot) == 1 and len(rung) == 1
+    assert at_final(0.01) == {}
+    roomy = at_final(9.0)  # 9 s left at 1/32 s a slot: the whole final, and no more
+    assert sorted(roomy.values()) == [4, 4, 4]

@@ -350,7 +350,7 @@ class BudgetSearch:
                     worst = max((i for i in finalists if rung[i]), key=finalists.index)
                     rung[worst] -= 1
                 k = 0
-                while sum(rung.values()) < spare and finalists:  # an executions budget is spent exactly
+                while sum(rung.values()) < spare and finalists and self.measure == "executions":  # spent exactly
                     rung[finalists[k % len(finalists)]] += 1
                     k += 1
             rung = {i: r for i, r in rung.items() if r > 0}
@@ -362,9 +362,14 @@ class BudgetSearch:
         return self.measure == "seconds" and self.spent(elapsed_s)["seconds"] >= self.limit
 
     def _slots_left(self, elapsed_s: float) -> int | None:
-        if self.measure != "executions":
-            return None
-        return int(self.limit - self.spent(elapsed_s)["executions"])
+        """Slots the budget still pays for: an executions budget's, or a seconds budget's at the cost per slot so far
+        (compiles included: it errs short), so that the halving and final rungs never start what they cannot
+        finish (they crossed 10% of the GEMM sweep by 0.1 to 1%); None for a compiles budget."""
+        if self.measure == "executions":
+            return int(self.limit - self.spent(elapsed_s)["executions"])
+        if self.measure == "seconds" and self.slots:
+            return max(int((self.limit - self.spent(elapsed_s)["seconds"]) / (elapsed_s / self.slots)), 0)
+        return None
 
     def pick_finalists(self, times: list[float]) -> list[int]:
         """The configs the decision chooses among, the same on every rank (it reads only the reduced times and

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,9 +33,10 @@ from .state import KeyState
 from .validate import StepChecks, Validator
 
 HEAD_START_MAX_S = 0.02  # the longest the GPU waits before an end-to-end sample (run_step)
-# A seconds call budget counts this many executions ahead (at the cheapest of the last steps' cost) for what follows
-# the step that spends it: the decisions and the final run (_over_budget).
-FINISH_STEPS = 3
+# A seconds call budget counts this many steps ahead (at the median of the last ones) for what follows the step that
+# spends it: the decisions and the final run; from the RESERVE_AFTER-th step measured (_over_budget).
+FINISH_STEPS = 4
+RESERVE_AFTER = 4
 
 
 @dataclass
@@ -97,7 +99,7 @@ class Session:
                           if opts.validate else None)
         self.checks = None if self.validator is None else StepChecks(step_services, self.validator)
         self._started = time.perf_counter()
-        # A seconds call budget's measure of what a step costs: the last steps' seconds per execution (_over_budget).
+        # A seconds call budget's measure of what a step costs: the last steps' seconds (_over_budget).
         self._recent_steps: collections.deque[float] = collections.deque(maxlen=8)
         self._step_mark, self._step_runs = self._started, 0
         self._budget_said = False  # the call-budget event is written once, when the call's budget is first spent
@@ -287,15 +289,16 @@ class Session:
         if budget is None or self.search.points is None or self.search.finished or self.online:
             return False
         if budget.measure == "seconds":
-            # The decisions and the final run come after the step that finds the budget spent: that step already
-            # counts them, FINISH_STEPS executions at the cheapest of the last steps' cost per execution (10% of
-            # all-gather + GEMM's sweep was overrun by 0.1 to 1.1% when it did not; the first step, which compiles,
-            # is left out: counted at the mean, it spent the budget at once).
+            # The decisions and the final run come after the step that finds the budget spent, and the budget is
+            # checked once a step: the check counts FINISH_STEPS steps ahead, at the median of the last ones (on
+            # all-gather + GEMM, 6 ms steps and 13 ms from the spending step's end to the call's: 10% of the sweep
+            # was overrun by 0.1 to 1.7% without it). Not before RESERVE_AFTER steps: the first ones compile, and
+            # priced at them a budget was spent after 2 or 3 executions.
             now = time.perf_counter()
             if self._step_runs:
-                self._recent_steps.append((now - self._step_mark) / max(self.stats.executions - self._step_runs, 1))
+                self._recent_steps.append(now - self._step_mark)
             self._step_mark, self._step_runs = now, self.stats.executions
-            per = min(self._recent_steps, default=0.0)
+            per = statistics.median(self._recent_steps) if len(self._recent_steps) >= RESERVE_AFTER else 0.0
             return now - self._started + FINISH_STEPS * per >= budget.limit
         return budget.measure == "executions" and self.stats.executions >= budget.limit
 
