@@ -34,8 +34,10 @@ from .validate import StepChecks, Validator
 
 HEAD_START_MAX_S = 0.02  # the longest the GPU waits before an end-to-end sample (run_step)
 # A seconds call budget counts this many steps ahead (at the median of the last ones) for what follows the step that
-# spends it: the decisions and the final run; from the RESERVE_AFTER-th step measured (_over_budget).
-FINISH_STEPS = 4
+# spends it, the decisions and the final run, and for the step in between checks; from the RESERVE_AFTER-th step
+# measured (_over_budget). On all-gather + GEMM (2 H200s) the spending step's end to the call's end took 2.9 to 6.1
+# times the median step.
+FINISH_STEPS = 8
 RESERVE_AFTER = 4
 
 
@@ -290,10 +292,10 @@ class Session:
             return False
         if budget.measure == "seconds":
             # The decisions and the final run come after the step that finds the budget spent, and the budget is
-            # checked once a step: the check counts FINISH_STEPS steps ahead, at the median of the last ones (on
-            # all-gather + GEMM, 6 ms steps and 13 ms from the spending step's end to the call's: 10% of the sweep
-            # was overrun by 0.1 to 1.7% without it). Not before RESERVE_AFTER steps: the first ones compile, and
-            # priced at them a budget was spent after 2 or 3 executions.
+            # checked once a step: the check counts FINISH_STEPS steps ahead, at the median of the last ones (10%
+            # of all-gather + GEMM's sweep was overrun by 0.1 to 1.7% without it, by 0.01 to 0.16% with 4 steps).
+            # Not before RESERVE_AFTER steps: the first ones compile, and priced at them a budget was spent after
+            # 2 or 3 executions.
             now = time.perf_counter()
             if self._step_runs:
                 self._recent_steps.append(now - self._step_mark)
