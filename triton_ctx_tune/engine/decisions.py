@@ -131,7 +131,8 @@ class Decisions:
                     # Its first rung was its point's screening: the rest waits until the point survives, as a
                     # screened key's survivors do (search.hold_screened_kernels).
                     compared = self._times(s, times)
-                    s.hold_rung(rung, best=min(range(len(compared)), key=lambda j: (compared[j], j)))
+                    best = min(range(len(compared)), key=lambda j: (compared[j], j))
+                    s.hold_rung(rung, best=best if math.isfinite(compared[best]) else (s.fallback(untried=True) or 0))
                 else:
                     s.add_rung(rung)
                 self._log_rung(s, kept, times)
