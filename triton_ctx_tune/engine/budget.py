@@ -56,6 +56,7 @@ PARENT_BAND = 1.5  # ... those within this factor of the fastest
 EARLY_RUNG = 8  # the first rung of a seconds budget, sized before any config was measured
 FIRST_RUNG_WITH_WORKERS = 16  # ... when compile workers compile it side by side (its wall time is about one's)
 MEASURES = ("executions", "compiles", "seconds")
+LAUNCH_PARAMS = ("num_warps", "num_stages", "num_ctas", "maxnreg")  # a config's coordinates beside its meta-parameters
 
 
 @dataclass
@@ -75,7 +76,7 @@ def coordinates(configs: list[Any]) -> tuple[list[str], list[tuple[int, ...]], l
     rows: list[dict[str, Any]] = []
     for c in configs:
         row = dict(getattr(c, "kwargs", {}) or {})
-        for name in ("num_warps", "num_stages", "num_ctas", "maxnreg"):
+        for name in LAUNCH_PARAMS:
             value = getattr(c, name, None)
             if value is not None:
                 row[name] = value
@@ -254,7 +255,7 @@ class BudgetSearch:
             return []
         w, c, out = self.names.index("num_warps"), self.coords[i], []
         for a, name in enumerate(self.names):
-            if name in ("num_warps", "num_stages", "num_ctas", "maxnreg"):
+            if name in LAUNCH_PARAMS:
                 continue
             for d in (1, -1):
                 moved = list(c)

@@ -183,8 +183,8 @@ class Search:
         if self.points is not None and not self.points.decided and not self.points.forced:
             tunables.append(self.points)
         for t in tunables:
-            if isinstance(t, KeyState) and t.held is not None:
-                t.held, t.provisional, t.held_rung = None, None, None
+            if isinstance(t, KeyState):
+                t.unhold()
             t.plan = t.plan[: t.next_slot]
             t.screening = False
             t.forced = True

@@ -39,6 +39,7 @@ HEAD_START_MAX_S = 0.02  # the longest the GPU waits before an end-to-end sample
 # times the median step.
 FINISH_STEPS = 8
 RESERVE_AFTER = 4
+RECENT_STEPS = 8  # ... the median of this many
 
 
 @dataclass
@@ -102,8 +103,8 @@ class Session:
         self.checks = None if self.validator is None else StepChecks(step_services, self.validator)
         self._started = time.perf_counter()
         # A seconds call budget's measure of what a step costs: the last steps' seconds (_over_budget).
-        self._recent_steps: collections.deque[float] = collections.deque(maxlen=8)
-        self._step_mark, self._step_runs = self._started, 0
+        self._recent_steps: collections.deque[float] = collections.deque(maxlen=RECENT_STEPS)
+        self._step_mark: float | None = None  # when the last step ended (None: before the first)
         self._budget_said = False  # the call-budget event is written once, when the call's budget is first spent
         self._host_s = 0.0  # the host side of the last execution (run_step): an end-to-end sample's head start
 
@@ -297,9 +298,9 @@ class Session:
             # Not before RESERVE_AFTER steps: the first ones compile, and priced at them a budget was spent after
             # 2 or 3 executions.
             now = time.perf_counter()
-            if self._step_runs:
+            if self._step_mark is not None:
                 self._recent_steps.append(now - self._step_mark)
-            self._step_mark, self._step_runs = now, self.stats.executions
+            self._step_mark = now
             per = statistics.median(self._recent_steps) if len(self._recent_steps) >= RESERVE_AFTER else 0.0
             return now - self._started + FINISH_STEPS * per >= budget.limit
         return budget.measure == "executions" and self.stats.executions >= budget.limit

@@ -265,9 +265,14 @@ class Tunable:
         which plans `rung`; `best` runs meanwhile."""
         self.held, self.provisional, self.held_rung = sorted(rung), best, rung
 
-    def resume(self) -> None:
-        survivors, rung = self.held, self.held_rung
+    def unhold(self) -> tuple[list[int] | None, dict[int, int] | None]:
+        """Let go of what hold() or hold_rung() kept, planning nothing: (the survivors, the rung) held."""
+        held = self.held, self.held_rung
         self.held, self.provisional, self.held_rung = None, None, None
+        return held
+
+    def resume(self) -> None:
+        survivors, rung = self.unhold()
         if rung is not None:
             self.add_rung(rung)
         elif survivors is not None:
