@@ -67,8 +67,9 @@ def replay(table: dict[str, float | None], seed: int, measure: str = "seconds", 
                 samples.setdefault(i, []).extend(truth[i] * offset[i] * math.exp(rng.gauss(0.0, noise / 2))
                                                  for _ in range(timed))
         new = sum(1 for _, warm, _ in planned if warm)
+        search.note_compiles([rung_s] * new)
         elapsed += rung_s * math.ceil(new / parallel) + slot_s * sum(w + t for _, w, t in planned)
-        rung = search.next_rung(times(), elapsed)
+        rung = search.next_rung(times(), elapsed, slot_s)
     now = times()
     winner = min(search.pick_finalists(now), key=lambda i: now[i])
     return truth[winner] / min(truth), len(search.launched), elapsed

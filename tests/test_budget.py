@@ -125,10 +125,16 @@ def test_a_seconds_budget_with_compile_workers_explores_in_rungs_as_wide_as_the_
     assert len(first) == 16
     wide.apply(first)
     times = [costs[i] if i in first else math.inf for i in range(len(configs))]
-    # The first rung took 2 s (32 slots), half of it the start: 7 rungs of 16 (1 s each) fit in the 8 s left, less
-    # the finalists' 9 slots.
-    assert wide._explorable_now(2.0) == 7 * 16
-    rung = wide.next_rung(times, 2.0)
+    # The first rung took 2 s: 32 slots at 0.02 s (a step now) and 1.36 s of compiles (the start and one wave). A
+    # rung of 16 costs a wave (the longest compile so far, 0.8 s, more than 1.36 / 2) and 32 slots: 1.44 s. The 8 s
+    # left, less the finalists' 9 slots, buy 5 such rungs; with 0.5 s more, a last one of 8 configs as well.
+    wide.note_compiles([0.5, 0.8, 0.6])
+    wide.step_s = 0.02
+    assert wide._explorable_now(2.0) == 5 * 16
+    wide.limit = 10.5
+    assert wide._explorable_now(2.0) == 5 * 16 + 8
+    wide.limit = 10.0
+    rung = wide.next_rung(times, 2.0, 0.02)
     assert len(rung) == 16 and not set(rung) & set(first)
     fastest = sorted(first, key=lambda i: costs[i])[:3]
     assert [round(costs[i] / costs[fastest[0]], 2) for i in fastest] == [1.0, 1.29, 1.56]
@@ -147,6 +153,26 @@ def test_a_seconds_budget_with_compile_workers_explores_in_rungs_as_wide_as_the_
     left = narrow._explorable_now(2.0)
     assert left == int((8.0 - 9 * 2.0 / 32) // (2.0 / 16))
     assert len(narrow.next_rung(times, 2.0)) == -(-left // 4)
+
+
+def test_a_slow_first_rung_still_leaves_a_local_rung_when_the_rest_pays_for_one():
+    """The GEMM space's 4096-cube at 10% of a slower machine's sweep (8.3 s; RESULTS section 26, call 4): the first
+    rung ended 5.0 s in. Priced at the whole first rung (2.5 s, the start counted as half) with the re-timing at the
+    average slot, compiles included (15 slots at 5.0 / 32 s), nothing was left for a local rung, and the key was
+    decided on its spread samples (1.73 of the best). A wave at the longest compile or at half of what the first
+    rung's slots did not cost (2.42 s), slots at a step's 5 ms: one 32-wide rung fits in the 3.3 s left."""
+    configs = bk.configs()
+    search = BudgetSearch(configs, "seconds", 8.3, n_repeat=3, parallel=32, first_width=16)
+    first = search.first_rung()
+    search.apply(first)
+    search.note_compiles([1.6, 2.0])
+    times = [bk.cost_ms(bk.point_of(c)) if i in first else math.inf for i, c in enumerate(configs)]
+    rung = search.next_rung(times, 5.0, 0.005)
+    assert len(rung) == 32 and not set(rung) & set(first)
+    search.apply(rung)
+    # That rung cost 2.42 s and its 64 slots: the rest goes to the halving and the final re-timing, within the limit.
+    rest = search.next_rung(times + [], 5.0 + 2.42 + 64 * 0.005, 0.005)
+    assert rest and set(rest) <= search.launched and sum(rest.values()) <= (8.3 - 7.74) / 0.005
 
 
 @pytest.mark.parametrize("value", ["ten runs", "2.5 compiles", -1, 0, float("inf"), True, "3 executions",

@@ -17,11 +17,12 @@ TABLES = ROOT / "benchmarks" / "results" / "2026-11-26-2xH200"
 
 @pytest.mark.parametrize("recorded", ["gemm1152-32937b8.json.gz", "gemm1152-972a25c.json.gz"])
 def test_ten_percent_of_the_sweep_finds_each_shape_within_three_percent(recorded):
-    """10% of the sweep's 68 s, 32 compile workers: 48 of 1152 configs explored. On the 4096-cube the local search
-    once settled at 128x128 with 4 warps (1.04 to 1.15 of the best); the coupled moves reach 128x256 with 8."""
+    """10% of the sweep's 68 s, 32 compile workers: 43 of 1152 configs explored (a spread rung of 16, then a local
+    rung of the 27 that the rest pays for). On the 4096-cube the local search once settled at 128x128 with 4 warps
+    (1.04 to 1.15 of the best); the coupled moves reach 128x256 with 8."""
     for shape, table in load(TABLES / recorded).items():
         runs = [replay(table, seed) for seed in range(10)]
-        assert all(explored == 48 for _, explored, _ in runs)
+        assert all(explored == 43 for _, explored, _ in runs)
         within = sum(ratio <= 1.03 for ratio, _, _ in runs)
         assert within >= 9, (shape, [round(r, 3) for r, _, _ in runs])
 
@@ -30,3 +31,14 @@ def test_the_replay_prints_its_verdict(capsys):
     assert main([str(TABLES / "gemm1152-972a25c.json.gz"), "--seeds", "2"]) == 0
     out = capsys.readouterr().out
     assert "4096x4096x4096: within 1.03 in 2/2" in out and out.strip().endswith("all: within 1.03 in 6/6")
+
+
+def test_a_slow_start_still_leaves_a_local_rung():
+    """RESULTS section 26, call 4: 10% of a slower machine's sweep (8.3 s), the first rung ending 5.0 s in (1.9 s of
+    start, 2 s per wave of compiles). Priced at the whole first rung, no local rung was left (1.73, 1.26 and 1.12 of
+    the best). A wave at the longest compile and slots at a step's cost leave one 32-wide rung, within the limit."""
+    recorded = ROOT / "benchmarks" / "results" / "2026-11-26b-2xH200" / "gemm1152-5ce4183.json.gz"
+    for shape, table in load(recorded).items():
+        runs = [replay(table, seed, limit=8.3, start_s=1.9, rung_s=2.0, slot_s=0.005) for seed in range(10)]
+        assert all(explored == 48 and elapsed <= 8.3 for _, explored, elapsed in runs)
+        assert sum(ratio <= 1.03 for ratio, _, _ in runs) >= 9, (shape, [round(r, 3) for r, _, _ in runs])

@@ -713,11 +713,12 @@ def precompile(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Colle
 
 
 def prefetch(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
-             timeout_s: float = math.inf, workers: int = 0) -> threading.Thread | None:
+             timeout_s: float = math.inf, workers: int = 0,
+             on_done: Callable[[dict[int, float]], None] | None = None) -> threading.Thread | None:
     """Compile a budgeted search's next rung (engine/budget.py) on a thread, with no collective: this rank
     compiles all of `indices` into Triton's cache, side by side, so the rung's slots find them compiled (the
     executor joins the thread before the rung's first slot). A config that cannot compile fails at its launch,
-    which marks it failed as any launch does."""
+    which marks it failed as any launch does. `on_done(compile_s)`: each config's compile seconds, at the end."""
     if not indices or interpret_mode():
         return None
     device = _device()
@@ -725,7 +726,9 @@ def prefetch(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
 
     def run() -> None:
         try:
-            _compile(state, indices, args, kwargs, threads, timeout_s, pool, device, load=False)
+            batch = _compile(state, indices, args, kwargs, threads, timeout_s, pool, device, load=False)
+            if on_done is not None:
+                on_done(batch.compile_s)
         except Exception:  # noqa: BLE001 (a head start only: the launch compiles, and reports, what failed here)
             pass
 

@@ -32,11 +32,13 @@ configs launched, `seconds` is rank 0's wall clock from the key's first launch; 
 left into a number of new configs at each rung's end from what a config has cost so far, and the
 first spread rung is sized before anything is measured (EARLY_RUNG configs). With compile workers a rung
 costs about one compile's wall time whatever its width up to theirs, so the first rung is wider
-(FIRST_RUNG_WITH_WORKERS), the later rungs are as wide as rank 0's workers, and what is left is counted in
-rungs at the average cost of the rungs so far (on 1152 GEMM configs, rungs priced per config were 2 or 3
-configs wide, each compiled on the launch path: 16 configs explored in 5.6 s). Once the seconds are spent,
-the key is decided on the samples it has (no halving or final re-timing). So a seconds budget is overrun
-by at most one rung (or the first rung, when that alone takes longer).
+(FIRST_RUNG_WITH_WORKERS), the later rungs are as wide as rank 0's workers, and what is left buys rungs
+priced as a wave of compiles (the longest compile so far) plus their slots at what a step costs now, after
+the re-timing's slots are set aside; the last rung may be narrower (on 1152 GEMM configs, rungs priced per
+config were 2 or 3 configs wide: 16 configs explored in 5.6 s; priced at the whole first rung, a slow start
+left no local rung). Once the seconds are spent, the key is decided on the samples it has (no halving or
+final re-timing). So a seconds budget is overrun by at most one rung (or the first rung, when that alone
+takes longer).
 
 A cache entry written by a budgeted search records what it explored and spent (`tuned.budget`); a later
 run whose budget goes further continues from it (`Prior`): it re-times the earlier run's best
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +122,8 @@ class BudgetSearch:
     # Rank 0's own progress through the phases (only rank 0's next_rung() is ever followed).
     phase: str = "explore"
     explore_total: int = 0  # new configs the budget allows (counted budgets)
+    step_s: float | None = None  # what a step costs on rank 0 now (next_rung's argument): a slot that compiles nothing
+    longest_compile_s: float = 0.0  # the longest compile of a config on rank 0 so far (note_compiles)
 
     def __post_init__(self) -> None:
         assert self.measure in MEASURES
@@ -158,17 +163,33 @@ class BudgetSearch:
             return max(int((left - min(self._reserve_slots(), self.limit // 4)) // 2), 0)
         if not self.launched:
             return self.first_width
-        per_slot = elapsed_s / max(self.slots, 1)
+        slot = self._slot_s(elapsed_s)
+        room = left - self._reserve_slots() * slot  # the halving and final rungs re-time: slots that compile nothing
         if self.parallel > 1:
-            # A rung of up to `parallel` new configs costs about one compile's wall time plus its slots: what is
-            # left buys whole rungs at the average cost of the rungs so far, the first counted twice since it also
-            # paid the start (workers, first launches): on 1152 GEMM configs it took 3.6 s of 7.9 and priced alone
-            # it left no room for a second.
-            per_rung = elapsed_s / (len(self.rungs) + 1)
-            rungs = int((left - self._reserve_slots() * per_slot) // max(per_rung, 1e-9))
-            return max(rungs, 0) * self.parallel
+            # A rung of up to `parallel` new configs costs one wave of compiles (about its longest compile,
+            # whatever its width) plus a warm-up and a timed slot per config. A wave is priced at the longest
+            # compile so far, or at what the rungs so far cost beside their slots if more, the first rung counted
+            # twice since it also paid the start (workers, a fresh process's first compiles). What is left buys
+            # whole rungs, then a narrower last one. Priced at the whole first rung, with the re-timing at the
+            # average slot (compiles included), a slow first rung (5.0 s of 8.3 on the GEMM space's 4096-cube)
+            # left no local rung at all.
+            wave = max(self.longest_compile_s, max(elapsed_s - self.slots * slot, 0.0) / (len(self.rungs) + 1))
+            per_rung = wave + 2 * self.parallel * slot
+            whole = max(int(room // max(per_rung, 1e-9)), 0)
+            rest = room - whole * per_rung
+            last = int((rest - wave) // max(2 * slot, 1e-9)) if rest > wave else 0
+            return whole * self.parallel + (last if 2 <= last < self.parallel else 0)
         per_config = elapsed_s / max(len(self.launched), 1)
-        return max(int((left - self._reserve_slots() * per_slot) // max(per_config, 1e-9)), 0)
+        return max(int(room // max(per_config, 1e-9)), 0)
+
+    def note_compiles(self, seconds: Iterable[float]) -> None:
+        """Rank 0's compile times of configs of this key (a rung's, as they end): what a wave of compiles costs."""
+        self.longest_compile_s = max(self.longest_compile_s, *seconds, 0.0)
+
+    def _slot_s(self, elapsed_s: float) -> float:
+        """What one more slot costs on rank 0: a step's seconds where measured, at most the average slot so far."""
+        average = elapsed_s / max(self.slots, 1)
+        return min(self.step_s, average) if self.step_s is not None else average
 
     def _unexplored(self) -> list[int]:
         known = self.launched | (self.prior.explored if self.prior is not None else set())
@@ -305,9 +326,11 @@ class BudgetSearch:
     def ranked(self, times: list[float]) -> list[int]:
         return sorted((i for i, t in enumerate(times) if math.isfinite(t)), key=lambda i: (times[i], i))
 
-    def next_rung(self, times: list[float], elapsed_s: float) -> dict[int, int]:
+    def next_rung(self, times: list[float], elapsed_s: float, step_s: float | None = None) -> dict[int, int]:
         """Rank 0, at a rung's end: {config: timed slots} of the next rung; {} when it is time to decide.
-        `times` are the reduced times of this run (inf: failed or not timed)."""
+        `times` are the reduced times of this run (inf: failed or not timed); `step_s`: what a step costs now."""
+        if step_s is not None:
+            self.step_s = step_s
         now = self.current_times(times)
         ranked = self.ranked(now)
         if self.phase == "explore":
@@ -363,13 +386,13 @@ class BudgetSearch:
         return self.measure == "seconds" and self.spent(elapsed_s)["seconds"] >= self.limit
 
     def _slots_left(self, elapsed_s: float) -> int | None:
-        """Slots the budget still pays for: an executions budget's, or a seconds budget's at the cost per slot so far
-        (compiles included: it errs short), so that the halving and final rungs never start what they cannot
-        finish (they crossed 10% of the GEMM sweep by 0.1 to 1%); None for a compiles budget."""
+        """Slots the budget still pays for: an executions budget's, or a seconds budget's at what a slot costs now
+        (_slot_s), so that the halving and final rungs never start what they cannot finish (they crossed 10% of
+        the GEMM sweep by 0.1 to 1%); None for a compiles budget."""
         if self.measure == "executions":
             return int(self.limit - self.spent(elapsed_s)["executions"])
         if self.measure == "seconds" and self.slots:
-            return max(int((self.limit - self.spent(elapsed_s)["seconds"]) / (elapsed_s / self.slots)), 0)
+            return max(int((self.limit - self.spent(elapsed_s)["seconds"]) / max(self._slot_s(elapsed_s), 1e-9)), 0)
         return None
 
     def pick_finalists(self, times: list[float]) -> list[int]:

@@ -54,7 +54,9 @@ class Decisions:
     def __init__(self, services: StepServices) -> None:
         self.services = services
 
-    def decide(self, finishing: list[AnyTunable]) -> None:
+    def decide(self, finishing: list[AnyTunable], step_s: float | None = None) -> None:
+        """Decide what comes next for each tunable whose slots are done; `step_s`: what a step costs on this rank
+        now (the session's StepClock), which rank 0 prices a seconds budget's next rung with."""
         svc = self.services
         width = max(len(s.configs) for s in finishing)
         local = torch.full((len(finishing), width, 3), math.inf, dtype=torch.float64)
@@ -86,7 +88,7 @@ class Decisions:
                 # finalists (re-timed end to end first where the key's unbudgeted search would confirm so, then
                 # decided below like any confirmed key); the broadcast makes it every rank's.
                 compared = self._times(s, reduced[i])
-                rung = s.budget.next_rung(compared, time.perf_counter() - s.started)
+                rung = s.budget.next_rung(compared, time.perf_counter() - s.started, step_s)
                 if rung:
                     for j, timed in rung.items():
                         keep[i, j] = BUDGET_CODE + timed

@@ -155,12 +155,14 @@ class Executor:
                                  SlotRecord(None, None), args, kwargs)
         self.tuning_launches += 1
         if state.prefetch:  # a budgeted search's new rung: its configs compile side by side before its first slot
-            todo, state.prefetch = state.prefetch, []
+            todo, state.prefetch, search = state.prefetch, [], state.budget
+            assert search is not None
             if self.opts.resolved_precompile():
                 threads = self.opts.compile_threads or precompile.default_threads()
                 timeout_s = self.opts.resolved_compile_timeout()
                 compiling = precompile.prefetch(state, todo, args, kwargs, threads, timeout_s,
-                                                self.opts.resolved_compile_workers())
+                                                self.opts.resolved_compile_workers(),
+                                                lambda compile_s: search.note_compiles(compile_s.values()))
                 if compiling is not None:
                     # Waited for: a slot that went ahead would compile its config here, under the GIL, while a
                     # worker compiles it too, and the rung's configs one after another (a seconds budget on
@@ -340,6 +342,8 @@ class Executor:
         for i, reason in sorted(done.failures.items()):
             state.fail(i, reason)
         state.rejected.update(done.rejected)
+        if state.budget is not None:
+            state.budget.note_compiles(done.compile_s.values())  # what its next rung's compiles will cost
         meanwhile = f" (the execution ran config {done.ran_meanwhile} meanwhile)" if done.ran_meanwhile else ""
         counts = done.counts()
         record = {"counts": counts, "compile_s": sum(done.compile_s.values()), "started": done.started,

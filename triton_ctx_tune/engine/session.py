@@ -42,6 +42,26 @@ RESERVE_AFTER = 4
 RECENT_STEPS = 8  # ... the median of this many
 
 
+class StepClock:
+    """What a step costs on this rank: the seconds of the last RECENT_STEPS steps (the first step, which starts
+    everything, is not one of them). A seconds budget, the call's or a key's, counts what is left in steps."""
+
+    def __init__(self) -> None:
+        self.recent: collections.deque[float] = collections.deque(maxlen=RECENT_STEPS)
+        self.mark: float | None = None  # when the last step ended (None: before the first)
+
+    def tick(self) -> float:
+        """A step ended: now."""
+        now = time.perf_counter()
+        if self.mark is not None:
+            self.recent.append(now - self.mark)
+        self.mark = now
+        return now
+
+    def median(self, at_least: int = 1) -> float | None:
+        return statistics.median(self.recent) if len(self.recent) >= at_least else None
+
+
 @dataclass
 class CallStats:
     """What the last call of a tuned function did (also written to the logs)."""
@@ -102,9 +122,7 @@ class Session:
                           if opts.validate else None)
         self.checks = None if self.validator is None else StepChecks(step_services, self.validator)
         self._started = time.perf_counter()
-        # A seconds call budget's measure of what a step costs: the last steps' seconds (_over_budget).
-        self._recent_steps: collections.deque[float] = collections.deque(maxlen=RECENT_STEPS)
-        self._step_mark: float | None = None  # when the last step ended (None: before the first)
+        self._clock = StepClock()
         self._budget_said = False  # the call-budget event is written once, when the call's budget is first spent
         self._host_s = 0.0  # the host side of the last execution (run_step): an end-to-end sample's head start
 
@@ -237,7 +255,7 @@ class Session:
         try:
             end = self._agree(StepReport.of(self.search, a, ex.new_states, ex.tuning_launches, failure,
                                             self._missing_launch(failure), self.online, self.defers,
-                                            self._over_budget()))
+                                            self._over_budget(self._clock.tick())))
         except CollectiveTimeoutError as e:
             self.executor.name_suspects(e)
             raise
@@ -275,7 +293,7 @@ class Session:
         if finishing:
             self.services.progress.clear()  # the decisions print summary lines
             self.comm.at(self.stats.executions, "deciding " + ", ".join(schedule.name(t) for t in finishing))
-            self.decisions.decide(finishing)
+            self.decisions.decide(finishing, self._clock.median())
         if self.search.finished:
             for s in self.search.kernels.values():
                 s.reset_pending = True  # the next execution is the final one
@@ -284,10 +302,10 @@ class Session:
         self.services.progress.update(self.stats.executions, self.stats.executions + left)
         return False
 
-    def _over_budget(self) -> bool:
-        """A function space's budget bounds the whole call (options.Budget): whether this rank finds it spent
-        (only rank 0's answer is followed). Seconds on this rank's clock from the call's start, or executions;
-        a compiles budget only bounds each key (executor: a share of it each)."""
+    def _over_budget(self, now: float) -> bool:
+        """A function space's budget bounds the whole call (options.Budget): whether this rank finds it spent at
+        `now`, a step's end (only rank 0's answer is followed). Seconds on this rank's clock from the call's start,
+        or executions; a compiles budget only bounds each key (executor: a share of it each)."""
         budget = self.opts.resolved_budget()
         if budget is None or self.search.points is None or self.search.finished or self.online:
             return False
@@ -297,11 +315,7 @@ class Session:
             # of all-gather + GEMM's sweep was overrun by 0.1 to 1.7% without it, by 0.01 to 0.16% with 4 steps).
             # Not before RESERVE_AFTER steps: the first ones compile, and priced at them a budget was spent after
             # 2 or 3 executions.
-            now = time.perf_counter()
-            if self._step_mark is not None:
-                self._recent_steps.append(now - self._step_mark)
-            self._step_mark = now
-            per = statistics.median(self._recent_steps) if len(self._recent_steps) >= RESERVE_AFTER else 0.0
+            per = self._clock.median(at_least=RESERVE_AFTER) or 0.0
             return now - self._started + FINISH_STEPS * per >= budget.limit
         return budget.measure == "executions" and self.stats.executions >= budget.limit
 
