@@ -46,8 +46,10 @@ def config_of(label: str) -> Any:
 
 def replay(table: dict[str, float | None], seed: int, measure: str = "seconds", limit: float = 6.8,
            parallel: int = 32, first_width: int = 16, noise: float = 0.015, rung_s: float = 1.2,
-           slot_s: float = 0.035, start_s: float = 0.8) -> tuple[float, int, float]:
-    """One budgeted search over `table`: (its choice's recorded time over the best, configs explored, seconds)."""
+           slot_s: float = 0.035, start_s: float = 0.8, compile_s: float | None = None) -> tuple[float, int, float]:
+    """One budgeted search over `table`: (its choice's recorded time over the best, configs explored, seconds).
+    `compile_s`: a config's own compile time as rank 0 notes it (default rung_s; on a GPU the longest is often more
+    than a wave's wall time)."""
     labels = list(table)
     truth = [t if t is not None and math.isfinite(t) else math.inf for t in table.values()]
     rng = random.Random(seed)
@@ -67,7 +69,7 @@ def replay(table: dict[str, float | None], seed: int, measure: str = "seconds", 
                 samples.setdefault(i, []).extend(truth[i] * offset[i] * math.exp(rng.gauss(0.0, noise / 2))
                                                  for _ in range(timed))
         new = sum(1 for _, warm, _ in planned if warm)
-        search.note_compiles([rung_s] * new)
+        search.note_compiles([rung_s if compile_s is None else compile_s] * new)
         elapsed += rung_s * math.ceil(new / parallel) + slot_s * sum(w + t for _, w, t in planned)
         rung = search.next_rung(times(), elapsed, slot_s)
     now = times()

@@ -124,6 +124,9 @@ class BudgetSearch:
     explore_total: int = 0  # new configs the budget allows (counted budgets)
     step_s: float | None = None  # what a step costs on rank 0 now (next_rung's argument): a slot that compiles nothing
     longest_compile_s: float = 0.0  # the longest compile of a config on rank 0 so far (note_compiles)
+    last_wave_s: float | None = None  # what the last rung with new configs cost beyond its slots (rank 0's clock)
+    _rung_began: float = 0.0  # rank 0's elapsed seconds when the last rung was planned
+    _rung_cost: tuple[int, int] = (0, 0)  # (new configs, slots) of the last rung planned
 
     def __post_init__(self) -> None:
         assert self.measure in MEASURES
@@ -167,13 +170,16 @@ class BudgetSearch:
         room = left - self._reserve_slots() * slot  # the halving and final rungs re-time: slots that compile nothing
         if self.parallel > 1:
             # A rung of up to `parallel` new configs costs one wave of compiles (about its longest compile,
-            # whatever its width) plus a warm-up and a timed slot per config. A wave is priced at the longest
-            # compile so far, or at what the rungs so far cost beside their slots if more, the first rung counted
-            # twice since it also paid the start (workers, a fresh process's first compiles). What is left buys
+            # whatever its width) plus a warm-up and a timed slot per config. A wave is priced at what the last
+            # rung with new configs cost beyond its slots; after the first rung, at the longest compile so far, or
+            # at what the first rung cost beside its slots, counted twice since it also paid the start (workers, a
+            # fresh process's first compiles), if more. (The longest compile alone, 2 s or more where a 32-wide
+            # rung took 1.5 s, priced the 10% GEMM budget out of its third rung.) What is left buys
             # whole rungs, then a narrower last one. Priced at the whole first rung, with the re-timing at the
             # average slot (compiles included), a slow first rung (5.0 s of 8.3 on the GEMM space's 4096-cube)
             # left no local rung at all.
-            wave = max(self.longest_compile_s, max(elapsed_s - self.slots * slot, 0.0) / (len(self.rungs) + 1))
+            wave = (self.last_wave_s if self.last_wave_s is not None else
+                    max(self.longest_compile_s, max(elapsed_s - self.slots * slot, 0.0) / (len(self.rungs) + 1)))
             per_rung = wave + 2 * self.parallel * slot
             whole = max(int(room // max(per_rung, 1e-9)), 0)
             rest = room - whole * per_rung
@@ -331,6 +337,10 @@ class BudgetSearch:
         `times` are the reduced times of this run (inf: failed or not timed); `step_s`: what a step costs now."""
         if step_s is not None:
             self.step_s = step_s
+        new, slots = self._rung_cost
+        if new and len(self.rungs) > 1:  # a later rung with new configs: what a wave costs, measured
+            self.last_wave_s = max(elapsed_s - self._rung_began - slots * self._slot_s(elapsed_s), 0.0)
+        self._rung_began = elapsed_s
         now = self.current_times(times)
         ranked = self.ranked(now)
         if self.phase == "explore":
@@ -417,6 +427,7 @@ class BudgetSearch:
             self.timed[i] = self.timed.get(i, 0) + rung[i]
             self.slots += warm + rung[i]
         self.rungs.append(sorted(rung))
+        self._rung_cost = (sum(w for _, w, _ in out), sum(w + t for _, w, t in out))
         return out
 
     def record(self, elapsed_s: float, decided_by_budget: bool) -> dict[str, Any]:
