@@ -56,7 +56,6 @@ from ..engine.state import KeyState
 from ..runtime.collectives import Collectives
 from ..runtime.compat import (
     SignatureUnknown,
-    await_launcher,
     compile_only,
     config_failure_reason,
     describe_compile,
@@ -333,8 +332,6 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
             if i not in out.places:  # compiled by that launch, on this thread
                 out.places[i] = HERE
                 out.compile_s[i] = time.perf_counter() - began
-            if i == first:
-                await_launcher(kernel)  # its first launch loads it, on the execution's path
             if out.first_s is None:
                 out.first_s = time.perf_counter() - started
             if on_ready is not None:
