@@ -24,6 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from triton_ctx_tune.compile.precompile import compile_weight  # noqa: E402
 from triton_ctx_tune.engine.budget import BudgetSearch  # noqa: E402
 
 
@@ -33,6 +34,12 @@ def load(path: str | Path) -> dict[str, dict[str, float | None]]:
     with opener(path, "rt") as f:
         data = json.load(f)
     return data["runs"][0]["reduced"]
+
+
+def load_compiles(path: str | Path) -> dict[str, float]:
+    """{config label: compile seconds}: each config's span in a sweep's precompile event (a worker, 32 at once)."""
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
 
 
 def config_of(label: str) -> Any:
@@ -46,16 +53,18 @@ def config_of(label: str) -> Any:
 
 def replay(table: dict[str, float | None], seed: int, measure: str = "seconds", limit: float = 6.8,
            parallel: int = 32, first_width: int = 16, noise: float = 0.015, rung_s: float = 1.2,
-           slot_s: float = 0.035, start_s: float = 0.8, compile_s: float | None = None) -> tuple[float, int, float]:
+           slot_s: float = 0.035, start_s: float = 0.8, compile_s: float | None = None,
+           compiles: dict[str, float] | None = None) -> tuple[float, int, float]:
     """One budgeted search over `table`: (its choice's recorded time over the best, configs explored, seconds).
     `compile_s`: a config's own compile time as rank 0 notes it (default rung_s; on a GPU the longest is often more
-    than a wave's wall time)."""
+    than a wave's wall time). `compiles`: each config's recorded compile seconds (load_compiles): a wave then
+    costs its longest, and rank 0 predicts them from the configs' weights (precompile.compile_weight)."""
     labels = list(table)
     truth = [t if t is not None and math.isfinite(t) else math.inf for t in table.values()]
     rng = random.Random(seed)
     offset = [math.exp(rng.gauss(0.0, noise)) for _ in labels]
     search = BudgetSearch([config_of(label) for label in labels], measure, limit, 5, parallel=parallel,
-                          first_width=first_width)
+                          first_width=first_width, weight=compile_weight if compiles is not None else None)
     samples: dict[int, list[float]] = {}
 
     def times() -> list[float]:
@@ -68,9 +77,15 @@ def replay(table: dict[str, float | None], seed: int, measure: str = "seconds", 
             if math.isfinite(truth[i]):
                 samples.setdefault(i, []).extend(truth[i] * offset[i] * math.exp(rng.gauss(0.0, noise / 2))
                                                  for _ in range(timed))
-        new = sum(1 for _, warm, _ in planned if warm)
-        search.note_compiles([rung_s if compile_s is None else compile_s] * new)
-        elapsed += rung_s * math.ceil(new / parallel) + slot_s * sum(w + t for _, w, t in planned)
+        fresh = [i for i, warm, _ in planned if warm]
+        if compiles is None:
+            search.note_compiles({i: rung_s if compile_s is None else compile_s for i in fresh})
+            elapsed += rung_s * math.ceil(len(fresh) / parallel)
+        else:
+            seconds = {i: compiles.get(labels[i], rung_s) for i in fresh}
+            search.note_compiles(seconds)
+            elapsed += sum(max(list(seconds.values())[k:k + parallel]) for k in range(0, len(fresh), parallel))
+        elapsed += slot_s * sum(w + t for _, w, t in planned)
         rung = search.next_rung(times(), elapsed, slot_s)
     now = times()
     winner = min(search.pick_finalists(now), key=lambda i: now[i])

@@ -128,7 +128,7 @@ def test_a_seconds_budget_with_compile_workers_explores_in_rungs_as_wide_as_the_
     # The first rung took 2 s: 32 slots at 0.02 s (a step now) and 1.36 s of compiles (the start and one wave). A
     # rung of 16 costs a wave (the longest compile so far, 0.8 s, more than 1.36 / 2) and 32 slots: 1.44 s. The 8 s
     # left, less the finalists' 9 slots, buy 5 such rungs; with 0.5 s more, a last one of 8 configs as well.
-    wide.note_compiles([0.5, 0.8, 0.6])
+    wide.note_compiles({0: 0.5, 1: 0.8, 2: 0.6})
     wide.step_s = 0.02
     assert wide._explorable_now(2.0) == 5 * 16
     wide.limit = 10.5
@@ -165,7 +165,7 @@ def test_a_slow_first_rung_still_leaves_a_local_rung_when_the_rest_pays_for_one(
     search = BudgetSearch(configs, "seconds", 8.3, n_repeat=3, parallel=32, first_width=16)
     first = search.first_rung()
     search.apply(first)
-    search.note_compiles([1.6, 2.0])
+    search.note_compiles({0: 1.6, 1: 2.0})
     times = [bk.cost_ms(bk.point_of(c)) if i in first else math.inf for i, c in enumerate(configs)]
     rung = search.next_rung(times, 5.0, 0.005)
     assert len(rung) == 32 and not set(rung) & set(first)

@@ -10,7 +10,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from replay_budget import load, main, replay  # noqa: E402
+from replay_budget import load, load_compiles, main, replay  # noqa: E402
+from triton_ctx_tune.engine.budget import BudgetSearch  # noqa: E402
 
 TABLES = ROOT / "benchmarks" / "results" / "2026-11-26-2xH200"
 
@@ -54,3 +55,22 @@ def test_a_rung_is_priced_at_what_the_last_one_cost_not_at_the_longest_compile()
                 for seed in range(10)]
         assert all(explored > 48 and elapsed <= 7.07 for _, explored, elapsed in runs), runs
         assert sum(ratio <= 1.03 for ratio, _, _ in runs) >= 9, (shape, [round(r, 3) for r, _, _ in runs])
+
+
+def test_a_rung_leaves_out_the_compiles_its_budget_cannot_pay_for(monkeypatch):
+    """RESULTS section 27, call 3: the 10% budget's third rung reached the large tiles, whose compiles took longer
+    than the second rung's, and the run ended at 12.4% of the sweep. Replayed with each config's recorded compile
+    time (a wave costs its longest), a rung priced at the last one's cost overruns 7.09 s; predicting each config's
+    compile from its weight and the compiles seen so far, and leaving out what does not fit, stays within it."""
+    folder = ROOT / "benchmarks" / "results" / "2026-11-26c-2xH200"
+    compiles = load_compiles(folder / "gemm1152-compile-s-c602185.json.gz")
+    tables = load(folder / "gemm1152-c602185.json.gz")
+
+    def runs() -> list[tuple[str, float, int, float]]:
+        return [(shape, *replay(table, seed, limit=7.09, start_s=2.5, rung_s=1.2, slot_s=0.005, compiles=compiles))
+                for shape, table in tables.items() for seed in range(5)]
+    trimmed = runs()
+    assert all(elapsed <= 7.09 for *_, elapsed in trimmed), trimmed
+    assert sum(ratio <= 1.03 for _, ratio, _, _ in trimmed) >= 14, trimmed
+    monkeypatch.setattr(BudgetSearch, "_affordable", lambda self, rung, elapsed_s: rung)
+    assert max(elapsed for *_, elapsed in runs()) > 7.09

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,10 @@ FINALISTS = 3  # F: configs re-timed to n_repeat samples before the decision
 TOP_PARENTS = 3  # the fastest configs whose neighbours the local search explores
 PARENT_BAND = 1.5  # ... those within this factor of the fastest
 EARLY_RUNG = 8  # the first rung of a seconds budget, sized before any config was measured
+MODEL_MIN = 8  # configs whose compile time is known before a rung's compiles are predicted from them
+# ... raised by the farthest of their own times above the fitted line (a rung ends with its slowest compile: in
+# the replay of recorded compile times, the 80th and 95th percentiles of those distances overran budgets by 3.5%)
+MODEL_QUANTILE = 1.0
 FIRST_RUNG_WITH_WORKERS = 16  # ... when compile workers compile it side by side (its wall time is about one's)
 MEASURES = ("executions", "compiles", "seconds")
 LAUNCH_PARAMS = ("num_warps", "num_stages", "num_ctas", "maxnreg")  # a config's coordinates beside its meta-parameters
@@ -124,6 +128,10 @@ class BudgetSearch:
     explore_total: int = 0  # new configs the budget allows (counted budgets)
     step_s: float | None = None  # what a step costs on rank 0 now (next_rung's argument): a slot that compiles nothing
     longest_compile_s: float = 0.0  # the longest compile of a config on rank 0 so far (note_compiles)
+    # A config's relative compile cost (precompile.compile_weight; rank 0's own): with the compile times noted so
+    # far it predicts a rung's longest compile, and a seconds budget leaves out what it cannot pay for.
+    weight: Callable[[Any], float] | None = None
+    compile_seconds: dict[int, float] = field(default_factory=dict)  # rank 0's compile time per config noted
     last_wave_s: float | None = None  # what the last rung with new configs cost beyond its slots (rank 0's clock)
     _rung_began: float = 0.0  # rank 0's elapsed seconds when the last rung was planned
     _rung_cost: tuple[int, int] = (0, 0)  # (new configs, slots) of the last rung planned
@@ -188,9 +196,44 @@ class BudgetSearch:
         per_config = elapsed_s / max(len(self.launched), 1)
         return max(int(room // max(per_config, 1e-9)), 0)
 
-    def note_compiles(self, seconds: Iterable[float]) -> None:
+    def note_compiles(self, seconds: dict[int, float]) -> None:
         """Rank 0's compile times of configs of this key (a rung's, as they end): what a wave of compiles costs."""
-        self.longest_compile_s = max(self.longest_compile_s, *seconds, 0.0)
+        self.compile_seconds.update(seconds)
+        self.longest_compile_s = max(self.longest_compile_s, *seconds.values(), 0.0)
+
+    def _compile_model(self) -> Callable[[int], float] | None:
+        """Config index -> its predicted compile seconds: a line through log(seconds) over log(weight) of the configs
+        compiled so far, raised to MODEL_QUANTILE of their distances from it; None until MODEL_MIN are known."""
+        weight = self.weight
+        if weight is None:
+            return None
+        points = [(math.log(w), math.log(t)) for i, t in self.compile_seconds.items()
+                  if t > 0 and (w := weight(self.configs[i])) > 0]
+        if len(points) < MODEL_MIN:
+            return None
+        mx = sum(x for x, _ in points) / len(points)
+        my = sum(y for _, y in points) / len(points)
+        sxx = sum((x - mx) ** 2 for x, _ in points)
+        slope = min(max(sum((x - mx) * (y - my) for x, y in points) / sxx, 0.0), 1.0) if sxx > 0 else 0.0
+        above = sorted(y - my - slope * (x - mx) for x, y in points)[int(MODEL_QUANTILE * (len(points) - 1))]
+        return lambda j: math.exp(my + slope * (math.log(max(weight(self.configs[j]), 1e-9)) - mx) + above)
+
+    def _affordable(self, rung: dict[int, int], elapsed_s: float) -> dict[int, int]:
+        """A seconds budget's exploring rung, less the configs whose compile it cannot pay for: the rung's longest
+        predicted compile plus its slots must fit what is left after the re-timing (the GEMM space's third rung,
+        priced at the second's cost, reached the large tiles, compiled longer, and ran 10% of the sweep to 12.4%).
+        The cheapest to compile stay."""
+        model = self._compile_model() if self.measure == "seconds" and self.parallel > 1 else None
+        if model is None:
+            return rung
+        slot = self._slot_s(elapsed_s)
+        room = self.limit - self.spent(elapsed_s)["seconds"] - self._reserve_slots() * slot
+        kept: list[int] = []
+        for j in sorted(rung, key=lambda j: (model(j), j)):
+            if model(j) + 2 * (len(kept) + 1) * slot > room:
+                break
+            kept.append(j)
+        return {j: rung[j] for j in kept}
 
     def _slot_s(self, elapsed_s: float) -> float:
         """What one more slot costs on rank 0: a step's seconds where measured, at most the average slot so far."""
@@ -363,6 +406,7 @@ class BudgetSearch:
                     if len(rung) < size and j in fresh:
                         rung[j] = 1
                 rung.update({i: 1 for i in self.spread(size - len(rung), rung)})
+                rung = self._affordable(rung, elapsed_s)
                 if rung:
                     return rung
             self.phase = "halve"

@@ -162,7 +162,7 @@ class Executor:
                 timeout_s = self.opts.resolved_compile_timeout()
                 compiling = precompile.prefetch(state, todo, args, kwargs, threads, timeout_s,
                                                 self.opts.resolved_compile_workers(),
-                                                lambda compile_s: search.note_compiles(compile_s.values()))
+                                                search.note_compiles)
                 if compiling is not None:
                     # Waited for: a slot that went ahead would compile its config here, under the GIL, while a
                     # worker compiles it too, and the rung's configs one after another (a seconds budget on
@@ -334,7 +334,8 @@ class Executor:
         workers = self.opts.resolved_compile_workers() if self.opts.resolved_precompile() else 0
         return BudgetSearch(configs, budget.measure, limit, self.opts.n_repeat,
                             model_ranked=model_ranked(at, configs), prior=prior, parallel=max(workers, 1),
-                            first_width=FIRST_RUNG_WITH_WORKERS if workers else EARLY_RUNG)
+                            first_width=FIRST_RUNG_WITH_WORKERS if workers else EARLY_RUNG,
+                            weight=precompile.compile_weight)
 
     def _precompiled(self, state: KeyState, done: precompile.Compiled) -> None:
         state.precompiled = True
@@ -343,7 +344,7 @@ class Executor:
             state.fail(i, reason)
         state.rejected.update(done.rejected)
         if state.budget is not None:
-            state.budget.note_compiles(done.compile_s.values())  # what its next rung's compiles will cost
+            state.budget.note_compiles(done.compile_s)  # what its next rung's compiles will cost
         meanwhile = f" (the execution ran config {done.ran_meanwhile} meanwhile)" if done.ran_meanwhile else ""
         counts = done.counts()
         record = {"counts": counts, "compile_s": sum(done.compile_s.values()), "started": done.started,
