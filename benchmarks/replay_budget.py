@@ -2,6 +2,7 @@
 
     python benchmarks/replay_budget.py benchmarks/results/2026-11-26-2xH200/gemm1152-32937b8.json.gz
     python benchmarks/replay_budget.py <table.json.gz> --measure compiles --limit 100 --seeds 50
+    python benchmarks/replay_budget.py <table.json.gz> --compiles <gemm1152-compile-s-*.json.gz> --limit 7.09
 
 bench_gemm_space.py's exhaustive arm records every config's reduced time per shape (`runs[0].reduced`). Here a
 BudgetSearch walks that table: each timed slot draws the config's recorded time with noise (a per-run offset
@@ -100,11 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=32, help="compile workers (a seconds budget's rung width)")
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--noise", type=float, default=0.015)
+    p.add_argument("--compiles", help="each config's recorded compile seconds (e.g. gemm1152-compile-s-*.json.gz)")
     a = p.parse_args(argv)
+    compiles = load_compiles(a.compiles) if a.compiles else None
     within = total = 0
     for path in a.tables:
         for shape, table in load(path).items():
-            runs = [replay(table, s, a.measure, a.limit, a.parallel, noise=a.noise) for s in range(a.seeds)]
+            runs = [replay(table, s, a.measure, a.limit, a.parallel, noise=a.noise, compiles=compiles)
+                    for s in range(a.seeds)]
             ok = sum(r <= 1.03 for r, _, _ in runs)
             within, total = within + ok, total + len(runs)
             worst = max(r for r, _, _ in runs)
