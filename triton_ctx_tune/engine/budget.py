@@ -33,12 +33,14 @@ left into a number of new configs at each rung's end from what a config has cost
 first spread rung is sized before anything is measured (EARLY_RUNG configs). With compile workers a rung
 costs about one compile's wall time whatever its width up to theirs, so the first rung is wider
 (FIRST_RUNG_WITH_WORKERS), the later rungs are as wide as rank 0's workers, and what is left buys rungs
-priced as a wave of compiles (the longest compile so far) plus their slots at what a step costs now, after
-the re-timing's slots are set aside; the last rung may be narrower (on 1152 GEMM configs, rungs priced per
-config were 2 or 3 configs wide: 16 configs explored in 5.6 s; priced at the whole first rung, a slow start
-left no local rung). Once the seconds are spent, the key is decided on the samples it has (no halving or
-final re-timing). So a seconds budget is overrun by at most one rung (or the first rung, when that alone
-takes longer).
+priced as a wave of compiles (what the last rung cost beyond its slots) plus their slots at what a step
+costs now, after the re-timing's slots are set aside; the last rung may be narrower, and a rung leaves out
+the configs whose predicted compile (from their weight and the compiles seen so far) the rest cannot pay
+for (on 1152 GEMM configs, rungs priced per config were 2 or 3 configs wide: 16 configs explored in 5.6 s;
+priced at the whole first rung, a slow start left no local rung; priced at the last rung alone, a rung of
+large tiles ran 10% of the sweep to 12.4%). Once the seconds are spent, the key is decided on the samples
+it has (no halving or final re-timing). So a seconds budget is overrun by at most one rung's
+misprediction (or the first rung, when that alone takes longer).
 
 A cache entry written by a budgeted search records what it explored and spent (`tuned.budget`); a later
 run whose budget goes further continues from it (`Prior`): it re-times the earlier run's best
@@ -133,8 +135,8 @@ class BudgetSearch:
     weight: Callable[[Any], float] | None = None
     compile_seconds: dict[int, float] = field(default_factory=dict)  # rank 0's compile time per config noted
     last_wave_s: float | None = None  # what the last rung with new configs cost beyond its slots (rank 0's clock)
-    _rung_began: float = 0.0  # rank 0's elapsed seconds when the last rung was planned
-    _rung_cost: tuple[int, int] = (0, 0)  # (new configs, slots) of the last rung planned
+    _rung_began: float = field(default=0.0, init=False)  # rank 0's elapsed seconds when the last rung was planned
+    _rung_cost: tuple[int, int] = field(default=(0, 0), init=False)  # (new configs, slots) of the last rung
 
     def __post_init__(self) -> None:
         assert self.measure in MEASURES
