@@ -129,14 +129,13 @@ class BudgetSearch:
     phase: str = "explore"
     explore_total: int = 0  # new configs the budget allows (counted budgets)
     step_s: float | None = None  # what a step costs on rank 0 now (next_rung's argument): a slot that compiles nothing
-    longest_compile_s: float = 0.0  # the longest compile of a config on rank 0 so far (note_compiles)
     # A config's relative compile cost (precompile.compile_weight; rank 0's own): with the compile times noted so
     # far it predicts a rung's longest compile, and a seconds budget leaves out what it cannot pay for.
     weight: Callable[[Any], float] | None = None
     compile_seconds: dict[int, float] = field(default_factory=dict)  # rank 0's compile time per config noted
     last_wave_s: float | None = None  # what the last rung with new configs cost beyond its slots (rank 0's clock)
-    _rung_began: float = field(default=0.0, init=False)  # rank 0's elapsed seconds when the last rung was planned
-    _rung_cost: tuple[int, int] = field(default=(0, 0), init=False)  # (new configs, slots) of the last rung
+    # The last rung on rank 0's clock: (elapsed seconds when planned, its new configs, its slots).
+    _last_rung: tuple[float, int, int] = field(default=(0.0, 0, 0), init=False)
 
     def __post_init__(self) -> None:
         assert self.measure in MEASURES
@@ -201,7 +200,11 @@ class BudgetSearch:
     def note_compiles(self, seconds: dict[int, float]) -> None:
         """Rank 0's compile times of configs of this key (a rung's, as they end): what a wave of compiles costs."""
         self.compile_seconds.update(seconds)
-        self.longest_compile_s = max(self.longest_compile_s, *seconds.values(), 0.0)
+
+    @property
+    def longest_compile_s(self) -> float:
+        """The longest compile of a config of this key noted so far on rank 0."""
+        return max(self.compile_seconds.values(), default=0.0)
 
     def _compile_model(self) -> Callable[[int], float] | None:
         """Config index -> its predicted compile seconds: a line through log(seconds) over log(weight) of the configs
@@ -382,10 +385,10 @@ class BudgetSearch:
         `times` are the reduced times of this run (inf: failed or not timed); `step_s`: what a step costs now."""
         if step_s is not None:
             self.step_s = step_s
-        new, slots = self._rung_cost
+        began, new, slots = self._last_rung
         if new and len(self.rungs) > 1:  # a later rung with new configs: what a wave costs, measured
-            self.last_wave_s = max(elapsed_s - self._rung_began - slots * self._slot_s(elapsed_s), 0.0)
-        self._rung_began = elapsed_s
+            self.last_wave_s = max(elapsed_s - began - slots * self._slot_s(elapsed_s), 0.0)
+        self._last_rung = (elapsed_s, 0, 0)
         now = self.current_times(times)
         ranked = self.ranked(now)
         if self.phase == "explore":
@@ -473,7 +476,7 @@ class BudgetSearch:
             self.timed[i] = self.timed.get(i, 0) + rung[i]
             self.slots += warm + rung[i]
         self.rungs.append(sorted(rung))
-        self._rung_cost = (sum(w for _, w, _ in out), sum(w + t for _, w, t in out))
+        self._last_rung = (self._last_rung[0], sum(w for _, w, _ in out), sum(w + t for _, w, t in out))
         return out
 
     def record(self, elapsed_s: float, decided_by_budget: bool) -> dict[str, Any]:
