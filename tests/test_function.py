@@ -13,6 +13,7 @@ import triton
 
 from tests.kernels import DEVICE, autotuner, chosen, costly, double_, grid, screened_add_one_, spend
 from triton_ctx_tune import InvalidOptionError, autotune, contextual_autotune
+from triton_ctx_tune.engine.decisions import Decisions
 from triton_ctx_tune.tools.report import build, format_report
 
 # One execution per end-to-end step (the GPU's default is 3): the counts below assume it.
@@ -402,6 +403,57 @@ def test_a_key_confirmed_end_to_end_is_decided_among_its_re_timed_candidates_onl
     assert confirms and all(e["end_to_end"] and e["candidates"] == [0, 1, 2] for e in confirms)
     text = format_report(build(tmp_path / "logs"))
     assert "(per launch: not among the candidates re-timed end to end)" in text and "(end to end)" in text
+
+
+# Issue 35: beside the overlapped work, the config that overlaps it best looks slow per launch (its span takes in
+# what it hid). Under the overlapping point A measures 30 ms per launch, 1.5x B's 20 (outside OVERLAP_BAND), but the
+# call with A takes 30 ms, with B 35, with C 36; under the plain point A is fastest per launch (18 ms) and the call
+# takes 15 ms more with any config (A: 33). Per-launch times under the overlapping point alone leave A out of its
+# end-to-end confirmation, and the plain point with A wins at 1.1x of the best.
+_beside = {"overlap": False}
+
+
+def _hides_the_overlap(nargs: dict[str, Any]) -> None:
+    """A's launch: 18 ms alone, 30 beside the overlapped work it hides."""
+    _ran.append(32)
+    spend(30.0 if _beside["overlap"] else 18.0)
+
+
+_hidden_kernel = triton.autotune(
+    configs=[triton.Config({"BLOCK": 32}, num_warps=4, pre_hook=_hides_the_overlap),
+             triton.Config({"BLOCK": 16}, num_warps=4, pre_hook=_noting(16, 20.0)),
+             triton.Config({"BLOCK": 8}, num_warps=4, pre_hook=_noting(8, 21.0))],
+    key=["n"])(triton.jit(double_.fn.fn))
+
+
+@pytest.mark.parametrize("hint", [True, False])
+def test_a_config_that_looks_slow_beside_the_overlap_is_confirmed_when_it_is_fastest_under_another_point(
+        tmp_path, monkeypatch, hint):
+    if not hint:  # the counterfactual: without the other points' per-launch times
+        monkeypatch.setattr(Decisions, "_elsewhere", lambda self, s: None)
+    autotuner(_hidden_kernel).cache.clear()
+
+    @autotune(config_space=SPACE_OVERLAP, key_fn=lambda x: x.numel(), n_warmup=1, n_repeat=3, cache=False,
+              e2e_runs=1, log_dir=str(tmp_path / "logs"))
+    def op(x: torch.Tensor, *, overlap: bool) -> torch.Tensor:
+        _ran.clear()
+        _beside["overlap"] = overlap
+        y = x.clone()
+        _hidden_kernel[grid(y.numel())](y, y.numel())
+        spend(0.0 if overlap and _ran and _ran[-1] == 32 else 15.0)
+        return y
+
+    out = op(torch.ones(64, device=DEVICE))
+    assert torch.equal(out, torch.full((64,), 2.0))
+    tuned = {t.point: t.config.split(",")[0] for t in op.last_call.tuned}
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    confirm = next(e for e in events if e["event"] == "confirm" and e.get("point") == 1)
+    if hint:
+        assert op.last_call.point == {"overlap": True} and tuned[1] == "BLOCK=32"
+        assert confirm["candidates"] == [0, 1, 2] and confirm["end_to_end"]
+    else:
+        assert op.last_call.point == {"overlap": False} and tuned[1] == "BLOCK=16"
+        assert confirm["candidates"] == [1, 2]
 
 
 def test_a_surviving_point_takes_no_second_round_of_warm_ups(tmp_path):

@@ -273,9 +273,23 @@ class Decisions:
         # Each config's time on its luckiest rank (the ones _times rules out stay out).
         luckiest = [math.inf if math.isinf(t) else u for t, u in zip(times, per_rank[:, : len(s.configs), 0]
                                                                       .amin(0).tolist())]
-        close, _ = close_candidates(choice, times, overlapped=end_to_end, luckiest=luckiest)
+        elsewhere = self._elsewhere(s) if end_to_end else None
+        close, _ = close_candidates(choice, times, overlapped=end_to_end, luckiest=luckiest, elsewhere=elsewhere)
         close = [j for j in close if j not in s.carried]
         return (close, end_to_end) if len(close) > 1 else ([], False)
+
+    def _elsewhere(self, s: KeyState) -> list[float] | None:
+        """Rank 0: each config's fastest time per launch, on this rank, for the same kernel and key under the
+        function's other points (close_candidates: beside overlapped work, per-launch times hide the config
+        that overlaps best). Only rank 0's reading matters: the decisions it makes are broadcast."""
+        out: list[float] | None = None
+        for other in self.services.search.kernels.values():
+            if other is s or other.autotuner is not s.autotuner or other.key != s.key \
+                    or len(other.configs) != len(s.configs):
+                continue
+            if (times := other.launch_times(self.services.opts.stat)) is not None:
+                out = times if out is None else [min(a, b) for a, b in zip(out, times)]
+        return out
 
     def _screen_factor(self, s: Tunable) -> float:
         """early_stop, or for a kernel key of a function-level point at least POINT_SCREEN: its one-sample

@@ -87,6 +87,8 @@ class Tunable:
     anchors: set[int] = field(default_factory=set)
     # Confirmation (decisions.py): the close candidates that were re-timed, interleaved, before the decision.
     confirmed: list[int] | None = None
+    # An end-to-end confirmation's fresh samples are whole steps: the per-launch ones it replaced stay here.
+    launch_samples: list[list[Callable[[], float]]] | None = None
     # Split screening: (rank, world) when the ranks share the screening pass, each screening a different
     # share of the configs in the same executions (the function still runs in lockstep).
     share: tuple[int, int] | None = None
@@ -244,6 +246,7 @@ class Tunable:
         self.confirmed = list(candidates)
         if end_to_end:
             self.end_to_end = True
+            self.launch_samples = [list(taken) for taken in self.samples]
         for c in candidates:
             self.samples[c] = []
         self._extend(candidates, 0, rounds, interleave=True)
@@ -294,11 +297,12 @@ class Tunable:
         """What ranks must agree on before tuning."""
         raise NotImplementedError
 
-    def local_stats(self, stat: str) -> list[tuple[float, float, float]]:
+    def local_stats(self, stat: str, samples: list[list[Callable[[], float]]] | None = None
+                    ) -> list[tuple[float, float, float]]:
         """Per config (statistic, 20th, 80th percentile) in ms; +inf for failed or unmeasured."""
         out = []
-        for i, samples in enumerate(self.samples):
-            values = [s() for s in samples]
+        for i, taken in enumerate(self.samples if samples is None else samples):
+            values = [s() for s in taken]
             if i in self.failures or not values or any(math.isnan(v) for v in values):
                 out.append((math.inf, math.inf, math.inf))
             else:
@@ -325,6 +329,12 @@ class KeyState(Tunable):
     # Configs precompile could not build on some rank (agreed), and why: their launch decides (executor._try).
     rejected: dict[int, str] = field(default_factory=dict)
     disagreed: set[int] = field(default_factory=set)  # of those, the ones whose launch worked here
+
+    def launch_times(self, stat: str) -> list[float] | None:
+        """Each config's time per launch on this rank (inf: none), kept through an end-to-end confirmation;
+        None for a key judged end to end from its start."""
+        samples = self.launch_samples if self.launch_samples is not None else None if self.end_to_end else self.samples
+        return None if samples is None else [t for t, _, _ in self.local_stats(stat, samples)]
 
     def describe(self) -> str:
         """What ranks must agree on before tuning: kernel, key and the pruned configs in order."""
@@ -412,26 +422,36 @@ OVERLAP_MAX = 8
 
 
 def close_candidates(choice: Choice, times: list[float], overlapped: bool = False,
-                     luckiest: list[float] | None = None) -> tuple[list[int], float]:
+                     luckiest: list[float] | None = None,
+                     elsewhere: list[float] | None = None) -> tuple[list[int], float]:
     """The configs close enough to the fastest that one more, interleaved, look may reorder them.
 
     `luckiest` (overlapped keys): each config's time on the rank where it was fastest. A launch beside another
     stream's work is slowed by what it happened to overlap on each rank, so a config is also a candidate when its
     luckiest rank puts it within the band (all-gather + GEMM: the exhaustive best measured 0.263 ms on one rank
-    and 0.199 ms on the other, and the reduced 0.263 left it out of the end-to-end confirmation)."""
-    band = min(CONFIRM_CAP, max(CONFIRM_FLOOR, CONFIRM_FACTOR * choice.band))
-    if overlapped:
-        band = max(band, OVERLAP_BAND)
-    best = times[choice.fastest]
+    and 0.199 ms on the other, and the reduced 0.263 left it out of the end-to-end confirmation).
 
-    def near(ts: list[float], fastest: float) -> dict[int, float]:
-        return {i: t / fastest for i, t in enumerate(ts) if math.isfinite(t) and t <= fastest * (1 + band)}
+    `elsewhere` (overlapped keys): each config's fastest time per launch for the same kernel and key under the
+    function's other points. Beside the overlapped work, the config that overlaps it best looks slow per launch,
+    since its span takes in what it hid; so a config within the per-launch band of the fastest elsewhere is a
+    candidate too (all-gather + GEMM: the exhaustive best measured 1.31x the fastest per launch beside the
+    gather, outside OVERLAP_BAND, and the call chose a config 3.3% slower)."""
+    narrow = min(CONFIRM_CAP, max(CONFIRM_FLOOR, CONFIRM_FACTOR * choice.band))
+    band = max(narrow, OVERLAP_BAND) if overlapped else narrow
 
-    close = near(times, best)
-    if overlapped and luckiest is not None and any(math.isfinite(t) for t in luckiest):
-        for i, r in near(luckiest, min(t for t in luckiest if math.isfinite(t))).items():
-            close[i] = min(close.get(i, math.inf), r)
+    def near(ts: list[float], width: float) -> dict[int, float]:
+        finite = [t for i, t in enumerate(ts) if math.isfinite(t) and math.isfinite(times[i])]
+        if not finite:
+            return {}
+        fastest = min(finite)
+        return {i: t / fastest for i, t in enumerate(ts)
+                if math.isfinite(t) and math.isfinite(times[i]) and t <= fastest * (1 + width)}
+
+    close = near(times, band)
     if overlapped:
+        for other, width in ((luckiest, band), (elsewhere, narrow)):
+            for i, r in near(other or [], width).items():
+                close[i] = min(close.get(i, math.inf), r)
         return sorted(sorted(close, key=lambda i: (close[i], i))[:OVERLAP_MAX]), band
     return sorted(close), band
 
