@@ -211,10 +211,49 @@ def test_under_the_default_objective_a_key_launched_while_another_stream_is_busy
     (confirm,) = _events("confirm")
     assert confirm["end_to_end"] is True and confirm["candidates"] == [0, 1]
     assert _events("decision")[-1]["end_to_end"] is True
-    # Three whole-call samples each, of resolved_e2e_runs executions (one on the host's clock, more with CUDA events).
+    # One whole-call round each, of resolved_e2e_runs executions (one on the host's clock, more with CUDA events):
+    # config 64's is 44% behind config 32's, more than RACE_BAND, so the race ends after its first round.
     from triton_ctx_tune.options import TuneOptions
     runs = TuneOptions().resolved_e2e_runs("host" if DEVICE == "cpu" else "cuda-events")
-    assert op.last_call.executions == 2 * SLOTS + 2 * 3 * runs + 1
+    assert op.last_call.executions == 2 * SLOTS + 2 * 1 * runs + 1
+    assert _events("confirm-round") == []
+
+
+def test_an_end_to_end_confirmation_is_a_race_that_drops_the_candidates_far_behind_after_each_round(monkeypatch):
+    """Three close candidates per launch; for the call, BLOCK 64 is fastest, 32 is 5% behind and 16 is 34% behind.
+    16 leaves the race after the first round (more than RACE_BAND behind); 64 and 32 run all three rounds."""
+    from triton_ctx_tune.runtime import streams
+
+    monkeypatch.setattr(streams, "busy_elsewhere", lambda: True)
+    after = {"ms": 0.0}
+
+    def config(block: int, per_launch: float, rest: float) -> triton.Config:
+        def hook(nargs: dict[str, Any]) -> None:
+            after["ms"] = rest * BIG
+            spend(per_launch * BIG)
+        return triton.Config({"BLOCK": block}, num_warps=4, pre_hook=hook)
+
+    kernel = _kernel([config(64, 1.0, 0.0), config(32, 1.02, 0.03), config(16, 1.04, 0.30)])
+
+    @contextual_autotune(**FAST)
+    def op(x):
+        kernel[grid(N)](x, N)
+        spend(after["ms"])  # what the config did to the rest of the call
+        return x
+
+    x = torch.zeros(N, device=DEVICE)
+    out = op(x)
+    assert chosen(kernel) == {(N, "torch.float32"): 64}
+    (confirm,) = _events("confirm")
+    assert confirm["end_to_end"] is True and confirm["candidates"] == [0, 1, 2] and confirm["rounds"] == 3
+    rounds = _events("confirm-round")
+    assert [(r["stay"], r["out"], r["rounds_left"]) for r in rounds] == [([0, 1], [2], 1), ([0, 1], [], 0)]
+    decision = _events("decision")[-1]
+    assert decision["confirmed"] == [0, 1, 2] and decision["winner"] == 0 and decision["end_to_end"] is True
+    from triton_ctx_tune.options import TuneOptions
+    runs = TuneOptions().resolved_e2e_runs("host" if DEVICE == "cpu" else "cuda-events")
+    assert op.last_call.executions == 3 * SLOTS + (3 + 2 + 2) * runs + 1
+    assert torch.equal(out, torch.full((N,), float(op.last_call.executions)))  # add_one_ once per execution
 
 
 def test_end_to_end_judges_the_call_and_finds_the_config_that_slows_it():

@@ -353,7 +353,7 @@ def test_a_budgeted_kernel_of_a_point_is_decided_by_the_same_end_to_end_rule(tmp
 
 def test_a_function_spaces_budget_bounds_the_whole_call(tmp_path):
     """budget= on autotune() bounds the call: once rank 0 finds it spent, every choice still open is decided at
-    that step's end on the samples taken, and the next execution is the final one. Unbudgeted, this op takes 37
+    that step's end on the samples taken, and the next execution is the final one. Unbudgeted, this op takes 33
     executions; with 20, the call stops at 20 and runs once more, with a decided point and its kernel."""
     autotuner(_overlap_kernel).cache.clear()
     op = _overlapping_op(tmp_path / "logs", budget="20 executions")
@@ -371,11 +371,12 @@ def test_a_function_spaces_budget_bounds_the_whole_call(tmp_path):
     assert [t.point for t in stats.tuned].count(decided["winner"]) == 1
     text = format_report(build(tmp_path / "logs"))
     assert "op: the call's budget (20 executions) was spent after 20 executions" in text
-    # Without a budget the same op takes 37 executions (test_a_point_and_its_kernels_are_decided_by_one_...).
+    # Without a budget the same op takes 33 executions (test_a_point_and_its_kernels_are_decided_by_one_...; under
+    # the overlapping point A's first end-to-end round is 30% behind B's, so both skip the other two rounds).
     autotuner(_overlap_kernel).cache.clear()
     whole = _overlapping_op(tmp_path / "logs2")
     whole(torch.ones(64, device=DEVICE))
-    assert whole.last_call.executions == 37
+    assert whole.last_call.executions == 33
 
 
 # Issue 35's first cause: a key confirmed end to end re-times only its close candidates, as whole calls; the others

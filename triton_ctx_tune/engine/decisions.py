@@ -20,7 +20,7 @@ from ..errors import NoValidConfigError, NoValidPointError
 from ..runtime.compat import config_str, notify_listener
 from ..tools.logs import fmt_ms
 from .search import AnyTunable, PointTunable
-from .state import CONFIRM_ROUNDS, Choice, KeyState, Tunable, close_candidates, screen, stable_winner
+from .state import CONFIRM_ROUNDS, RACE_BAND, Choice, KeyState, Tunable, close_candidates, screen, stable_winner
 
 # How rank 0's keep-mask marks a winner that a tie-break chose (1: the fastest, or a screening survivor).
 TIE_CODES = {None: 1, "incumbent": 2, "config order": 3}
@@ -29,6 +29,7 @@ CONFIRM_CODE = 4  # a close candidate, re-timed before the key is decided
 CONFIRM_E2E_CODE = 6  # the same, timed end to end: the key overlapped another stream's work
 READMIT_CODE = 5  # a config a split screening dropped, timed in lockstep after all
 FORCED_CHECK_CODE = 7  # the call's budget is spent, but no config has run on every rank: one lockstep round first
+RACE_CODE = 8  # a candidate that stays in an end-to-end confirmation's race for one more round
 POINT_STAT = 2  # the column of a point's end-to-end times that decides it: q80 (_times)
 POINT_SCREEN = 2.5  # the screening factor of a point's kernel keys, at least (_screen_factor)
 BUDGET_CODE = 100  # a budgeted search's next rung: BUDGET_CODE + the config's timed slots in it (budget.py)
@@ -102,6 +103,8 @@ class Decisions:
                 keep[i, screen(self._times(s, reduced[i]), self._screen_factor(s))] = 1
             elif readmit := self._to_readmit(s, reduced[i]):
                 keep[i, readmit] = READMIT_CODE
+            elif isinstance(s, KeyState) and s.confirm_left and len(stay := self._stay(s, reduced[i])) > 1:
+                keep[i, stay] = RACE_CODE
             elif (choice := self._choice(s, reduced[i], self._incumbent(s))) is not None:
                 close, end_to_end = self._to_confirm(s, choice, reduced[i], per_rank[:, i])
                 if close:
@@ -140,6 +143,8 @@ class Decisions:
                 self._log_rung(s, kept, times)
             elif int(keep[i].max()) in (CONFIRM_CODE, CONFIRM_E2E_CODE):
                 self._confirm(s, kept, times, end_to_end=int(keep[i].max()) == CONFIRM_E2E_CODE)
+            elif int(keep[i].max()) == RACE_CODE:
+                self._race(s, kept, times)
             elif s.forced:  # the call's budget ran out: rank 0's pick, described like any decision
                 assert isinstance(s, KeyState)  # (a forced PointTunable took the first branch)
                 if int(keep[i, kept[0]]) == FORCED_CHECK_CODE:
@@ -278,6 +283,24 @@ class Decisions:
         close = [j for j in close if j not in s.carried]
         return (close, end_to_end) if len(close) > 1 else ([], False)
 
+    def _stay(self, s: KeyState, reduced: torch.Tensor) -> list[int]:
+        """The candidates of a confirmation's race within RACE_BAND of its fastest so far."""
+        times = self._times(s, reduced)
+        racing = [j for j in s.racing() if math.isfinite(times[j])]
+        best = min((times[j] for j in racing), default=math.inf)
+        return [j for j in racing if times[j] <= best * (1 + RACE_BAND)]
+
+    def _race(self, s: Tunable, stay: list[int], times: torch.Tensor) -> None:
+        racing = s.racing()
+        s.race(stay)
+        out = [j for j in racing if j not in stay]
+        best = min(float(times[j, 0]) for j in stay)
+        self.services.log.write(
+            "confirm-round", f"confirm {_subject(s)}: {len(stay)} of {len(racing)} candidates stay in the race "
+            f"{stay}" + (f"; {out} more than {RACE_BAND:.0%} behind the fastest, {fmt_ms(best)}" if out else ""),
+            **_subject_fields(s), stay=stay, out=out, reduced=[float(times[j, 0]) for j in racing],
+            rounds_left=s.confirm_left)
+
     def _elsewhere(self, s: KeyState) -> list[float] | None:
         """Rank 0: each config's fastest time per launch, on this rank, for the same kernel and key under the
         function's other points (close_candidates: beside overlapped work, per-launch times hide the config
@@ -335,8 +358,8 @@ class Decisions:
         column = POINT_STAT if isinstance(s, PointTunable) and not s.screening else 0
         out = reduced[: len(s.configs), column].tolist()
         confirmed = None if not isinstance(s, KeyState) or s.confirmed is None else set(s.confirmed)
-        return [math.inf if j in s.dropped or (confirmed is not None and j not in confirmed) else t
-                for j, t in enumerate(out)]
+        return [math.inf if j in s.dropped or j in s.raced_out or (confirmed is not None and j not in confirmed)
+                else t for j, t in enumerate(out)]
 
     def _choice(self, s: Tunable, reduced: torch.Tensor, incumbent: int | None) -> Choice | None:
         n = len(s.configs)

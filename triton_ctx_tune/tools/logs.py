@@ -78,6 +78,9 @@ EVENTS: dict[str, EventSpec] = dict([
           "decided at this step's end on the samples taken", "function", "measure", "limit", "executions", "seconds"),
     _spec("confirm", "a key's close candidates, re-timed interleaved before its decision", "kernel", "key", "point",
           "candidates", "rounds", "reduced", "margins", "end_to_end"),
+    _spec("confirm-round", "an end-to-end confirmation's round ended: the candidates that stay for the next round, "
+          "and those out, more than RACE_BAND behind the fastest", "kernel", "key", "point", "stay", "out",
+          "reduced", "rounds_left"),
     _spec("point-decision", "a function-level winner (autotune())", "function", "winner", "points", "compared",
           "reduced", "reduced_q20", "reduced_q80", "per_rank", "margin", "screened_out", "failures", "kernels",
           "reduce", "stat", "world", "executions", "tuning_s"),
