@@ -19,7 +19,6 @@ from typing import Any
 
 from ..errors import CollectiveTimeoutError, CtxTuneError, NoValidPointError, RankMismatchError, ScheduleMismatchError
 from ..options import TuneOptions
-from ..runtime import timing
 from ..runtime.collectives import Collectives
 from ..runtime.libraries import forget
 from ..tools.logs import RankLog, fmt_ms
@@ -126,8 +125,6 @@ class Session:
         self._clock = StepClock()
         self._budget_said = False  # the call-budget event is written once, when the call's budget is first spent
         self._host_s = 0.0  # the host side of the last execution (run_step): an end-to-end sample's head start
-        # Last: close() undoes it. (Not online: there the session spans the program's own work between calls.)
-        self._thaw_gc = (lambda: None) if self.online else timing.freeze_gc()
 
     # What call.py, tuner.py and function_tuner.py read of the executor and the services.
     @property
@@ -173,10 +170,7 @@ class Session:
         except (ScheduleMismatchError, CollectiveTimeoutError):
             pass  # the ranks that did not leave raise the mismatch; this rank raises its own error
         finally:
-            try:
-                self.services.close(self.stats, self._started, exc_type, exc)
-            finally:
-                self._thaw_gc()
+            self.services.close(self.stats, self._started, exc_type, exc)
 
     # ---- steps --------------------------------------------------------------------------------
 

@@ -8,7 +8,6 @@ takes when deployed under CUDA graphs, without the host's launch overhead.
 """
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -19,20 +18,6 @@ from .compat import interpret_mode
 
 _L2_FLUSH_BYTES = 256 * 1024 * 1024  # what Triton's do_bench clears: more than any current L2
 _flush_buffers: dict[int, torch.Tensor] = {}
-
-
-def freeze_gc() -> Callable[[], None]:
-    """Keep Python's full collections short while a call tunes; returns the undo.
-
-    A full collection walks every object the process holds (torch, Triton, the program's own): on all-gather
-    + GEMM (2 H200s) one stalled a rank for 0.18 s in every budgeted call, 10% of its budget, and pushed the
-    call past it. gc.freeze() moves the objects that exist now out of the collector's view, so a collection
-    during the call walks only what the call made; the undo gives them back. A process that froze objects
-    itself is left as it is."""
-    if gc.get_freeze_count():
-        return lambda: None
-    gc.freeze()
-    return gc.unfreeze
 
 
 def _flush_l2() -> None:
