@@ -204,3 +204,47 @@ def test_a_key_that_overlaps_a_side_streams_work_is_confirmed_end_to_end(tmp_pat
     # The patch on torch.cuda.set_stream is gone after the call.
     from triton_ctx_tune.runtime import streams
     assert streams._patch.installs == 0 and torch.cuda.set_stream.__module__ == "torch.cuda"
+
+
+def _space() -> list[triton.Config]:
+    return [triton.Config({"BM": bm, "BN": bn, "BK": bk}, num_stages=s, num_warps=4)
+            for bm in (32, 64, 128) for bn in (32, 64, 128) for bk in (32, 64) for s in (2, 3)]
+
+
+_budgeted_matmul = triton.autotune(configs=_space(), key=["M", "N", "K"])(triton.jit(_matmul.fn.fn))
+
+
+def test_budgeted_keys_compile_their_new_rungs_together_in_a_step_of_their_own(tmp_path):
+    """Two budgeted keys in one function: each new rung's configs compile while the step's launches run a config
+    that works, and the rung's first slots come a step later (waited for at each key's launch, their compiles ran
+    one after another)."""
+    @contextual_autotune(n_warmup=1, n_repeat=2, budget="12 compiles", cache=False)
+    def op(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        outs = []
+        for x, y in ((a, b), (a, d)):
+            M, K = x.shape
+            N = y.shape[1]
+            c = torch.empty(M, N, device="cuda", dtype=torch.float32)
+            _budgeted_matmul[lambda m, M=M, N=N: (triton.cdiv(M, m["BM"]), triton.cdiv(N, m["BN"]))](x, y, c, M, N, K)
+            outs.append(c)
+        return outs[0], outs[1]
+
+    a = torch.randn(512, 256, device="cuda", dtype=torch.float16)
+    b = torch.randn(256, 384, device="cuda", dtype=torch.float16)
+    d = torch.randn(256, 192, device="cuda", dtype=torch.float16)
+    c1, c2 = op(a, b, d)
+    torch.testing.assert_close(c1, (a.float() @ b.float()), rtol=1e-2, atol=1e-1)
+    torch.testing.assert_close(c2, (a.float() @ d.float()), rtol=1e-2, atol=1e-1)
+    events = _events(tmp_path)
+    decisions = [e for e in events if e["event"] == "decision"]
+    assert len(decisions) == 2 and all(e["winner"] is not None for e in decisions)
+    later = [(i, e) for i, e in enumerate(events) if e["event"] == "rung" and e["rung"] >= 1 and e["new"]]
+    assert later, "no rung after the first explored new configs"
+    for i, rung in later:
+        key = rung["key"]
+        before = [e["step"] for e in events[:i] if e["event"] == "slot" and e["key"] == key]
+        after = [e for e in events[i:] if e["event"] == "slot" and e["key"] == key]
+        # Planned at step before[-1]'s end; the next step compiles it (no slot of this key); its slots follow.
+        assert after and after[0]["step"] == before[-1] + 2
+        assert {e["config_index"] for e in after if e["step"] == after[0]["step"]} <= set(rung["configs"])
+    autotuner(_budgeted_matmul).cache.clear()

@@ -76,6 +76,10 @@ class Executor:
         self.new_states: list[KeyState] = []
         self.launched: set[int] = set()  # ids of the states launched in this step
         self.tuning_launches = 0
+        # Budgeted keys whose new rung compiles in this step (their launches run a config that works, untimed),
+        # and the compile threads of every such rung, joined at the step's end (join_prefetches).
+        self.rung_compiling: set[int] = set()
+        self.prefetching: list[tuple[threading.Thread, float]] = []
         # Autograd runs a backward's launches on its own thread while the caller waits, and a
         # function may launch from threads it starts (resolver.carry): one launch at a time.
         self._lock = threading.RLock()
@@ -86,6 +90,7 @@ class Executor:
         self.tuning_launches = 0
         self.new_states = []
         self.launched = set()
+        self.rung_compiling = set()
 
     def launch(self, at: Autotuner, args: tuple, kwargs: dict[str, Any]) -> Any:
         with self._lock, paused():  # routing and timing a launch are the tuner's work, not the function's writes
@@ -153,22 +158,39 @@ class Executor:
             index = a.config_for(state)
             return self._untimed(state, state.step_config() if index in state.failures else index,
                                  SlotRecord(None, None), args, kwargs)
+        if id(state) in self.rung_compiling or (state.prefetch and self._compile_rung(state, args, kwargs)):
+            # This step compiles the key's new rung: its launches run a config that works, untimed.
+            return self._untimed(state, state.fallback(untried=True), SlotRecord(None, None), args, kwargs)
         self.tuning_launches += 1
-        if state.prefetch:  # a budgeted search's new rung: its configs compile side by side before its first slot
-            todo, state.prefetch, search = state.prefetch, [], state.budget
-            assert search is not None
-            if self.opts.resolved_precompile():
-                threads = self.opts.compile_threads or precompile.default_threads()
-                timeout_s = self.opts.resolved_compile_timeout()
-                compiling = precompile.prefetch(state, todo, args, kwargs, threads, timeout_s,
-                                                self.opts.resolved_compile_workers(),
-                                                search.note_compiles)
-                if compiling is not None:
-                    # Waited for: a slot that went ahead would compile its config here, under the GIL, while a
-                    # worker compiles it too, and the rung's configs one after another (a seconds budget on
-                    # 1152 GEMM configs explored 16 configs in 5.6 s that way).
-                    compiling.join(None if math.isinf(timeout_s) else timeout_s)
         return self._run_slot(state, args, kwargs)
+
+    def _compile_rung(self, state: KeyState, args: tuple, kwargs: dict[str, Any]) -> bool:
+        """A budgeted search's new rung (state.prefetch): start compiling its configs side by side; whether this
+        step compiles it. The rung's slots start at the next step: a slot that went ahead would compile its
+        config here, under the GIL, while a worker compiles it too (a seconds budget on 1152 GEMM configs
+        explored 16 configs in 5.6 s that way). Not waited for here: the other keys' new rungs start compiling
+        at their launches in this step too, and the step's end waits for them all (join_prefetches). Waited
+        for at each key's launch, three GEMM keys' rungs compiled one after another: 2.9 s of a 7.1 s budget.
+        Every rank compiles the same rungs in the same step: the rungs are agreed state."""
+        todo, state.prefetch, search = state.prefetch, [], state.budget
+        assert search is not None
+        if not self.opts.resolved_precompile():
+            return False
+        threads = self.opts.compile_threads or precompile.default_threads()
+        timeout_s = self.opts.resolved_compile_timeout()
+        compiling = precompile.prefetch(state, todo, args, kwargs, threads, timeout_s,
+                                        self.opts.resolved_compile_workers(), search.note_compiles)
+        if compiling is None:  # (nothing to compile, or the interpreter: the slots compile at their launch)
+            return False
+        self.prefetching.append((compiling, timeout_s))
+        self.rung_compiling.add(id(state))
+        return True
+
+    def join_prefetches(self) -> None:
+        """The step's end: wait for the new rungs' compiles started in it."""
+        for thread, timeout_s in self.prefetching:
+            thread.join(None if math.isinf(timeout_s) else timeout_s)
+        self.prefetching = []
 
     def _while_compiling(self, state: KeyState, args: tuple, kwargs: dict[str, Any]) -> Any:
         """A launch of a key met in this step: the first of this rank's configs to finish compiling runs.

@@ -248,6 +248,7 @@ class Session:
         and each later branch reads only that agreement and the search's agreed state."""
         self.stats.executions += runs
         a, ex = self.assignment, self.executor
+        ex.join_prefetches()  # before the clock's tick: the step took what its rungs' compiles took
         self.comm.at(self.stats.executions, f"ending step {self.stats.executions}")
         if schedule.skip_step_end is not None and schedule.skip_step_end(self.function, self.comm.rank,
                                                                          self.stats.executions):
