@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -262,3 +263,62 @@ def test_a_seconds_budget_never_starts_a_final_rung_it_cannot_pay_for():
     assert at_final(0.01) == {}
     roomy = at_final(9.0)  # 9 s left at 1/32 s a slot: the whole final, and no more
     assert sorted(roomy.values()) == [4, 4, 4]
+
+
+def test_new_rungs_compile_in_a_step_of_their_own_and_decide_as_before(tmp_path, monkeypatch):
+    """The executor's half of a later rung's compiles (executor._compile_rung): on a GPU each rung's new configs
+    compile in the workers (tests/test_gpu.py); the interpreter has nothing to compile, so precompile.prefetch
+    returns None there and the rung compiles at its launches. A thread that notes its rung and sleeps stands in
+    for the workers here: each new rung then takes one step in which its key runs a config that works, untimed,
+    the step's end waits for every rung started in it, and the search explores and decides exactly as it does
+    without that step."""
+    import threading
+    import time
+
+    from triton_ctx_tune.compile import precompile
+
+    kernel = bk.make_kernel()
+
+    def tune(logs: str) -> tuple[Any, Any]:
+        @contextual_autotune(budget="40 compiles", cache=False, log_dir=str(tmp_path / logs), **FAST)
+        def fn(x, y):
+            for t in (x, y):
+                kernel[lambda meta, t=t: (triton.cdiv(t.numel(), meta["BLOCK_M"]),)](t, t.numel())
+            return x, y
+
+        x, y = torch.zeros(256, device=DEVICE), torch.zeros(512, device=DEVICE)
+        fn(x, y)
+        assert torch.equal(x, torch.full_like(x, fn.last_call.executions))  # +1 per execution, untimed ones too
+        return fn.last_call, dict(autotuner(kernel).cache)
+
+    plain, plain_winners = tune("plain")
+    autotuner(kernel).cache.clear()
+    rungs: list[tuple[tuple, list[int], float]] = []  # (key, configs, when its compile ended)
+
+    def stand_in(state, indices, args, kwargs, threads, timeout_s=math.inf, workers=0, on_done=None):
+        def run() -> None:
+            time.sleep(0.02)
+            rungs.append((state.key, list(indices), time.time()))
+            if on_done is not None:
+                on_done({i: 0.02 for i in indices})
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    monkeypatch.setattr(precompile, "prefetch", stand_in)
+    staged, staged_winners = tune("staged")
+    assert staged_winners == plain_winners
+    events = [json.loads(x) for x in (tmp_path / "staged" / "rank-0.jsonl").read_text().splitlines()]
+    later = [(i, e) for i, e in enumerate(events) if e["event"] == "rung" and e["new"]]
+    assert len(later) >= 4 and len(rungs) == len(later)  # both keys, every later rung with new configs
+    for i, rung in later:
+        key = tuple(rung["key"])
+        before = [e["step"] for e in events[:i] if e["event"] == "slot" and tuple(e["key"]) == key]
+        first = next(e for e in events[i:] if e["event"] == "slot" and tuple(e["key"]) == key)
+        assert first["step"] == before[-1] + 2  # the step between compiled the rung
+        ended = next(t for k, configs, t in rungs if k == key and configs == sorted(rung["new"]))
+        assert ended < first["time"]
+    # The same search, one execution more per step that compiled rungs (the two keys' rungs share theirs).
+    compile_steps = len({before_step for before_step in
+                         (max(e["step"] for e in events[:i] if e["event"] == "slot") for i, _ in later)})
+    assert staged.executions == plain.executions + compile_steps
