@@ -35,9 +35,10 @@ from .validate import StepChecks, Validator
 HEAD_START_MAX_S = 0.02  # the longest the GPU waits before an end-to-end sample (run_step)
 # A seconds call budget counts this many steps ahead (at the median of the last ones) for what follows the step that
 # spends it, the decisions and the final run, and for the step in between checks; from the RESERVE_AFTER-th step
-# measured (_over_budget). On all-gather + GEMM (2 H200s) the spending step's end to the call's end took 2.9 to 6.1
-# times the median step.
-FINISH_STEPS = 8
+# measured (_over_budget). On all-gather + GEMM (2 H200s) the spending step's end to the call's end took 1.8 to 7.0
+# times the median of the last steps (12 to 30 ms; RESULTS section 28, 13 runs), and at 8 two runs of 13 ended 9 and
+# 19 ms past the budget.
+FINISH_STEPS = 12
 RESERVE_AFTER = 4
 RECENT_STEPS = 8  # ... the median of this many
 
