@@ -250,6 +250,10 @@ def test_an_end_to_end_confirmation_is_a_race_that_drops_the_candidates_far_behi
     assert [(r["stay"], r["out"], r["rounds_left"]) for r in rounds] == [([0, 1], [2], 1), ([0, 1], [], 0)]
     decision = _events("decision")[-1]
     assert decision["confirmed"] == [0, 1, 2] and decision["winner"] == 0 and decision["end_to_end"] is True
+    assert decision["raced_out"] == [2]
+    text = format_report(build(Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"])))
+    assert "re-timed interleaved before the decision: #0 ahead by" in text
+    assert "#2 left the race after a round, far behind" in text
     from triton_ctx_tune.options import TuneOptions
     runs = TuneOptions().resolved_e2e_runs("host" if DEVICE == "cpu" else "cuda-events")
     assert op.last_call.executions == 3 * SLOTS + (3 + 2 + 2) * runs + 1

@@ -449,8 +449,8 @@ class Decisions:
                       executions=svc.stats.executions, tuning_s=s.tuning_s,
                       fastest=None if choice is None else choice.fastest, ties=None if choice is None else choice.ties,
                       band=None if choice is None else choice.band, spread=None if choice is None else choice.spread,
-                      tie_break=how, confirmed=s.confirmed, split=s.split, readmitted=s.readmitted,
-                      unexplored=_unexplored(s))
+                      tie_break=how, confirmed=s.confirmed, raced_out=sorted(s.raced_out), split=s.split,
+                      readmitted=s.readmitted, unexplored=_unexplored(s))
         svc.log.summary(f"{svc.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
                         f"({len(s.configs)} configs, {failed} failed, {len(s.dropped)} screened out, {over}, "
                         f"{s.tuning_s:.2f} s)")

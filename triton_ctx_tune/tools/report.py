@@ -59,6 +59,7 @@ class KeyReport:
     tie_break: str | None = None
     shipped: str | None = None  # a cache hit read from a shipped config file: the file (or "shipped")
     confirmed: list[int] | None = None  # the close candidates re-timed, interleaved, before the decision
+    raced_out: list[int] = field(default_factory=list)  # of those, the ones an end-to-end race left behind
     end_to_end: bool = False  # decided on whole steps' times (objective, or an overlapped key's confirmation)
     split: bool = False  # screened with each rank taking a share of the configs
     readmitted: list[int] = field(default_factory=list)  # dropped by that screening, timed in lockstep after all
@@ -234,6 +235,7 @@ def _from_decision(e: dict[str, Any], function: str | None) -> KeyReport:
     r.band, r.spread, r.ties = e.get("band"), e.get("spread"), list(e.get("ties") or [])
     r.fastest, r.tie_break = e.get("fastest"), e.get("tie_break")
     r.confirmed, r.end_to_end = e.get("confirmed"), bool(e.get("end_to_end"))
+    r.raced_out = [int(j) for j in e.get("raced_out") or []]
     r.split, r.readmitted = bool(e.get("split")), list(e.get("readmitted") or [])
     r.screened_out = [int(j) for j in e.get("screened_out") or []]
     r.unexplored = [int(j) for j in e.get("unexplored") or []]
@@ -635,7 +637,8 @@ def _confirmed_line(r: KeyReport) -> str:
         return f"confirmed  {names} re-timed interleaved before the decision"
     margin = min(others) / best - 1
     ahead = f"ahead by {margin:.1%}" if margin >= 0 else f"within the tie band, {-margin:.1%} behind the fastest"
-    return f"confirmed  {names} re-timed interleaved before the decision: #{r.winner} {ahead}"
+    out = f"; {', '.join(f'#{j}' for j in r.raced_out)} left the race after a round, far behind" if r.raced_out else ""
+    return f"confirmed  {names} re-timed interleaved before the decision: #{r.winner} {ahead}{out}"
 
 
 def _incremental_line(i: dict[str, Any]) -> str:
