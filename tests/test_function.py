@@ -522,6 +522,20 @@ def test_a_call_budget_spent_before_anything_was_timed_runs_one_config_on_every_
     assert op.last_call.executions == 1 + 2 + 1  # the first step, the lockstep round's two, the final run
 
 
+def test_points_a_spent_call_budget_left_untimed_are_reported_as_not_timed_not_as_failed(tmp_path):
+    """4 executions: spent while the first point's kernel is screened; no point has a sample, none failed, and the
+    first point is the winner (the kernel's screening best under it)."""
+    calls: list[int] = []
+    op = _chunked(calls, n_warmup=1, n_repeat=2, cache=False, e2e_runs=1, log_dir=str(tmp_path / "logs"),
+                  budget="4 executions")
+    op(torch.ones(64, device=DEVICE))
+    assert op.last_call.point == {"chunks": 1} and set(calls) == {1}
+    text = format_report(build(tmp_path / "logs"))
+    rows = [line for line in text.splitlines() if "{'chunks':" in line and "winner" not in line]
+    assert len(rows) == 3 and all(row.rstrip().endswith("not timed") for row in rows), rows
+    assert "failed" not in "\n".join(rows)
+
+
 def test_a_point_is_decided_on_its_slow_fifth_not_a_lucky_median(tmp_path):
     """A point whose overlap works only some of the time (the gather on a side stream of no priority: issue 35's
     1.092 run) must not win on its median. The jittery point measures 6 ms in three of its five samples and 20 ms in

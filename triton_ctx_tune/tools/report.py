@@ -661,11 +661,13 @@ def format_points(f: PointReport) -> list[str]:
     for j, point in enumerate(f.points):
         times = [t for row in f.per_rank if j < len(row) and (t := row[j]) is not None]
         spread = f"{min(times):.4f}..{max(times):.4f}" if times else "-"
+        # No time and no failure: never timed (a call's budget spent before the point's turn came).
+        untimed = str(j) not in f.failures and (j >= len(f.ms) or f.ms[j] is None)
         note = ("FAILED " + f.failures[str(j)] if str(j) in f.failures else
-                "screened out" if j in f.screened_out else "")
+                "screened out" if j in f.screened_out else "not timed" if untimed else "")
         mark = "*" if j == f.winner else " "
-        ms = _ms(f.ms[j]) if j < len(f.ms) else "-"
-        q80 = _ms(f.compared[j]) if f.compared is not None and j < len(f.compared) else "-"
+        ms = "-" if untimed else _ms(f.ms[j])
+        q80 = "-" if untimed or f.compared is None or j >= len(f.compared) else _ms(f.compared[j])
         out.append(f"  {mark:2}{j:>3}  {str(point):<40} {ms:>14} {q80:>9} {spread:>22}  {note}")
     for k in f.kernels:
         out.append(f"     under the winner: {k['kernel']} key={tuple(k['key'])!r} -> {{{k['config']}}}")
