@@ -233,9 +233,10 @@ class BudgetSearch:
             return rung
         slot = self._slot_s(elapsed_s)
         room = self.limit - self.spent(elapsed_s)["seconds"] - self._reserve_slots() * slot
+        cost = {j: model(j) for j in rung}
         kept: list[int] = []
-        for j in sorted(rung, key=lambda j: (model(j), j)):
-            if model(j) + 2 * (len(kept) + 1) * slot > room:
+        for j in sorted(rung, key=lambda j: (cost[j], j)):
+            if cost[j] + 2 * (len(kept) + 1) * slot > room:
                 break
             kept.append(j)
         return {j: rung[j] for j in kept}

@@ -76,10 +76,9 @@ class Executor:
         self.new_states: list[KeyState] = []
         self.launched: set[int] = set()  # ids of the states launched in this step
         self.tuning_launches = 0
-        # Budgeted keys whose new rung compiles in this step (their launches run a config that works, untimed),
-        # and the compile threads of every such rung, joined at the step's end (join_prefetches).
-        self.rung_compiling: set[int] = set()
-        self.prefetching: list[tuple[threading.Thread, float]] = []
+        # id(state) -> (compile thread, timeout) of each budgeted key whose new rung compiles in this step: its
+        # launches run a config that works, untimed, and the step's end joins the threads (join_prefetches).
+        self.prefetching: dict[int, tuple[threading.Thread, float]] = {}
         # Autograd runs a backward's launches on its own thread while the caller waits, and a
         # function may launch from threads it starts (resolver.carry): one launch at a time.
         self._lock = threading.RLock()
@@ -90,7 +89,6 @@ class Executor:
         self.tuning_launches = 0
         self.new_states = []
         self.launched = set()
-        self.rung_compiling = set()
 
     def launch(self, at: Autotuner, args: tuple, kwargs: dict[str, Any]) -> Any:
         with self._lock, paused():  # routing and timing a launch are the tuner's work, not the function's writes
@@ -158,7 +156,7 @@ class Executor:
             index = a.config_for(state)
             return self._untimed(state, state.step_config() if index in state.failures else index,
                                  SlotRecord(None, None), args, kwargs)
-        if id(state) in self.rung_compiling or (state.prefetch and self._compile_rung(state, args, kwargs)):
+        if id(state) in self.prefetching or (state.prefetch and self._compile_rung(state, args, kwargs)):
             # This step compiles the key's new rung: its launches run a config that works, untimed.
             return self._untimed(state, state.fallback(untried=True), SlotRecord(None, None), args, kwargs)
         self.tuning_launches += 1
@@ -182,15 +180,14 @@ class Executor:
                                         self.opts.resolved_compile_workers(), search.note_compiles)
         if compiling is None:  # (nothing to compile, or the interpreter: the slots compile at their launch)
             return False
-        self.prefetching.append((compiling, timeout_s))
-        self.rung_compiling.add(id(state))
+        self.prefetching[id(state)] = (compiling, timeout_s)
         return True
 
     def join_prefetches(self) -> None:
         """The step's end: wait for the new rungs' compiles started in it."""
-        for thread, timeout_s in self.prefetching:
+        for thread, timeout_s in self.prefetching.values():
             thread.join(None if math.isinf(timeout_s) else timeout_s)
-        self.prefetching = []
+        self.prefetching = {}
 
     def _while_compiling(self, state: KeyState, args: tuple, kwargs: dict[str, Any]) -> Any:
         """A launch of a key met in this step: the first of this rank's configs to finish compiling runs.

@@ -349,8 +349,13 @@ class KeyState(Tunable):
     def launch_times(self, stat: str) -> list[float] | None:
         """Each config's time per launch on this rank (inf: none), kept through an end-to-end confirmation;
         None for a key judged end to end from its start."""
-        samples = self.launch_samples if self.launch_samples is not None else None if self.end_to_end else self.samples
-        return None if samples is None else [t for t, _, _ in self.local_stats(stat, samples)]
+        if self.launch_samples is not None:
+            samples = self.launch_samples
+        elif self.end_to_end:
+            return None
+        else:
+            samples = self.samples
+        return [t for t, _, _ in self.local_stats(stat, samples)]
 
     def describe(self) -> str:
         """What ranks must agree on before tuning: kernel, key and the pruned configs in order."""

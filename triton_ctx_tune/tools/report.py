@@ -415,7 +415,8 @@ IGNORED: dict[str, str] = {
     "rung": "a budgeted search's rungs; the decision and the cache entry's tuned.budget say what it explored",
     "readmit": "configs a split screening dropped and lockstep timing brought back; the decision names them",
     "confirm": "the close candidates a key re-times; its decision names them (confirmed) with their times after",
-    "confirm-round": "a confirmation race's round; its decision names every candidate (confirmed) and their times",
+    "confirm-round": "a confirmation race's round; its decision names the candidates (confirmed), those the race "
+                     "left behind (raced_out) and their times",
     "point-failed": "a point's failure; the point-decision carries every point's failure",
     "validation": "each config's check; an invalid config fails in its key's decision with the reason",
     "cache-stale": "why a cached or shipped entry was not used; the key is then tuned again and its decision read",
