@@ -182,6 +182,19 @@ def test_at_a_cold_start_configs_wait_for_the_workers_instead_of_all_compiling_h
     assert row["seconds"] < 120
 
 
+def test_two_keys_that_compile_the_same_binaries_compile_each_once(tmp_path):
+    """The GEMM space's three shapes compiled the first rung's slowest configs once per key, each key from its own
+    start. A binary being compiled for one key is waited for by the other, which then finds it in the cache."""
+    row = _run(("twins",), str(tmp_path / "cache"))["twins"]
+    assert row["keys"][0] != row["keys"][1] and row["failures"] == [0, 0]
+    first, second = row["counts"]
+    assert sum(first.values()) == sum(second.values()) == row["configs"] == 48
+    # Every binary compiled once, in a worker or (the config an execution waits for, no worker free) here.
+    assert row["new_cubins"] == 48
+    assert first["workers"] + second["workers"] + first["here"] + second["here"] == 48
+    assert first["cache"] + second["cache"] == 48 and first["ranks"] == second["ranks"] == 0
+
+
 @pytest.fixture(scope="module")
 def broken(tmp_path_factory) -> dict[str, dict[str, Any]]:
     if not HAS_CONSTEXPR_FUNCTION:

@@ -269,6 +269,23 @@ def scenario(name: str) -> dict[str, Any]:
                 "by_workers": done.by_workers, "places": {str(i): p for i, p in sorted(done.places.items())},
                 "cubins_before_finish": stolen_before_finish, "new_cubins": cubins() - before,
                 "compiled_here": len(MISSES) - misses, "configs": len(state.configs)}
+    if name == "twins":
+        # Two keys of one kernel whose arguments specialize alike (n = 96 and 160: both multiples of 16), met one
+        # after the other as one execution meets them: the same 48 binaries. Each is compiled once, by whichever
+        # key claims it first; the other key waits for it and finds it in the cache.
+        at = many_configs_add_one_
+        before, misses = cubins(), len(MISSES)
+        states, compiling = [], []
+        for n in (96, 160):
+            args, kwargs = (torch.zeros(n), n), {"grid": (1,), "warmup": False}
+            state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs),
+                             n_warmup=1, n_repeat=1, kernel=compat.kernel_name(at))
+            states.append(state)
+            compiling.append(P.start(state, args, kwargs, Collectives(False), threads=2, workers=2))
+        done = [c.finish(Collectives(False)) for c in compiling]
+        return {"pids": pids, "keys": [str(s.key) for s in states], "counts": [d.counts() for d in done],
+                "failures": [len(d.failures) + len(d.rejected) for d in done], "new_cubins": cubins() - before,
+                "compiled_here": len(MISSES) - misses, "configs": len(at.configs)}
     if name == "helpers":
         from tests import helper_kernels as HK
         return {"pids": pids, "result": tune(HK.helpers_double_, 32)}

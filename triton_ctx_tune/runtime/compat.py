@@ -696,6 +696,12 @@ class LaunchSpec:
     env: dict[str, str]  # the parent's TRITON_* variables: some change the compiled code, all the cache key
     cache_dir: str
 
+    def binary_key(self) -> tuple:
+        """What names the binary in Triton's cache (code, options, target, environment, cache): two specs with
+        the same key compile the same file."""
+        return (self.src_hash, repr(sorted(self.options.items())), repr(self.target),
+                tuple(sorted(self.env.items())), self.cache_dir)
+
 
 _FUTURE_ANNOTATIONS = 0x1000000  # __future__.annotations.compiler_flag
 
