@@ -199,7 +199,8 @@ def test_two_keys_that_compile_the_same_binaries_compile_each_once(tmp_path):
 def broken(tmp_path_factory) -> dict[str, dict[str, Any]]:
     if not HAS_CONSTEXPR_FUNCTION:
         pytest.skip("needs tl.constexpr_function (Triton 3.5+)")
-    return _run(("timeout", "crash"), str(tmp_path_factory.mktemp("triton-cache")))
+    # "deadline" leaves its hung worker sleeping (nobody waits for it): last.
+    return _run(("timeout", "crash", "deadline_alone", "deadline"), str(tmp_path_factory.mktemp("triton-cache")))
 
 
 @needs_constexpr_function
@@ -213,6 +214,21 @@ def test_a_compile_past_its_limit_kills_the_worker_and_fails_the_config(broken):
     killed = set(row["pids"]) - set(row["pids_after"])
     assert len(killed) == 1 and len(row["pids_after"]) == 2  # replaced: the pool keeps its size
     assert row["seconds"] < 200  # the hung compile sleeps for an hour
+
+
+@needs_constexpr_function
+def test_a_budgets_first_rung_leaves_out_a_config_still_compiling_at_its_deadline(broken):
+    """A seconds budget's first rung waits at most its deadline for one config once another has compiled; a config
+    alone is waited for up to the compile limit (a budget never leaves a key without a config that compiled)."""
+    row = broken["deadline"]
+    assert list(row["failures"]) == ["2"] and row["failures"]["2"].startswith(
+        "not explored: its compile took longer than 2 s, the budget's share for one config of the first rung")
+    assert row["counts"]["workers"] + row["counts"]["cache"] == 2  # (cached by the "timeout" scenario before it)
+    assert 2.0 <= row["seconds"] < 7.0  # not the worker's 8 s limit
+    alone = broken["deadline_alone"]
+    assert list(alone["failures"]) == ["0"] and alone["failures"]["0"].startswith("compile timeout: compiling this "
+                                                                                  "config took longer than 8 s")
+    assert alone["seconds"] >= 8.0
 
 
 @needs_constexpr_function

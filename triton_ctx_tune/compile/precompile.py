@@ -269,13 +269,16 @@ class Batch:
 def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
              timeout_s: float, pool: WorkerPool | None = None, device: int | None = None,
              load: bool = True, on_ready: Callable[[int], None] | None = None,
-             stop: threading.Event | None = None, later: bool = False, gated: bool = True) -> Batch:
+             stop: threading.Event | None = None, later: bool = False, gated: bool = True,
+             deadline_s: float = math.inf) -> Batch:
     """Compile configs `indices` on up to `threads` threads (and `pool`'s workers); `device` is the
     caller's, since a thread started here (or by start()) begins on device 0; `on_ready(i)` as each
     config's compile succeeds; `stop`, once set, starts no further config (they count as not compiled);
     `later`: the configs wait in GATE behind every config of any key that is not `later` (stolen ones);
     `gated=False`: they take no place in GATE (a step's end loading what other ranks compiled: it would wait
-    behind the background compiles of keys that are still compiling).
+    behind the background compiles of keys that are still compiling). `deadline_s`: a budget's limit on one
+    config's compile (budget.BudgetSearch.compile_deadline_s): once a config of the batch has compiled, one still
+    compiling after deadline_s is abandoned and fails (its worker goes on; nobody waits for it).
 
     Each config goes to a compile worker when one is ready or starting: its thread waits for a worker rather
     than compiling it here. Here compile: the configs no worker can take (compat.describe_compile says why),
@@ -404,16 +407,21 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     started = time.perf_counter()
     if pool is not None:
         threads = max(threads, pool.size + 1)  # one thread per worker keeps every worker busy, one compiles here
-    if math.isinf(timeout_s) and (threads <= 1 or len(indices) <= 1):
+    limit_s = timeout_s + (WORKER_GRACE_S if pool else 0.0)
+    budgeted = deadline_s < limit_s
+    if math.isinf(min(limit_s, deadline_s)) and (threads <= 1 or len(indices) <= 1):
         results = {i: one(i) if not _EXITING.is_set() else (None, EXIT_REASON) for i in indices}  # nothing to bound
     else:
-        done, late = run_with_deadline(indices, one, threads, timeout_s + (WORKER_GRACE_S if pool else 0.0),
+        done, late = run_with_deadline(indices, one, threads, min(limit_s, deadline_s),
                                        gate=None if not gated else
                                        lambda i: GATE.enter(i == first, threads,
-                                                            len(state.configs) + (1 << 30 if later else 0)))
+                                                            len(state.configs) + (1 << 30 if later else 0)),
+                                       abandon_when=(lambda: out.first_s is not None) if budgeted else None)
         results = {i: r for i, r in done.items()}
         for i in late:
             results[i] = (None, EXIT_REASON if _EXITING.is_set() else Excluding(
+                f"not explored: its compile took longer than {deadline_s:.2g} s, the budget's share for one config "
+                "of the first rung (a larger budget= waits longer)" if budgeted else
                 f"compile timeout: compiling this config took longer than {timeout_s:g} s, so it was abandoned "
                 "(raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT if it is just slow)"))
     out.kernels = {i: k for i, (k, r) in results.items() if r is None and i not in out.skipped}
@@ -502,9 +510,11 @@ GATE = CompileGate()
 
 
 def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int, timeout_s: float,
-                      gate: Callable[[int], Callable[[], None]] | None = None) -> tuple[dict[int, T], list[int]]:
+                      gate: Callable[[int], Callable[[], None]] | None = None,
+                      abandon_when: Callable[[], bool] | None = None) -> tuple[dict[int, T], list[int]]:
     """work(i) for every task on up to `threads` threads: ({task: result}, [tasks that ran out of time]).
     `gate(i)`, if given, waits for task i's place before its deadline starts and returns its release.
+    `abandon_when()`, if given: a task past its deadline is abandoned only once it returns True.
 
     A task running longer than timeout_s is abandoned: nobody waits for it, and a new thread takes
     its place. A thread cannot be killed, so the threads are daemons: one stuck in a compiler must
@@ -561,8 +571,9 @@ def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int, 
         while len(results) + len(late) < len(tasks):
             now = time.monotonic()
             running = [i for i in started if i not in results and i not in late]
+            may_abandon = abandon_when is None or abandon_when()
             for i in running:
-                if now - started[i] >= timeout_s:
+                if now - started[i] >= timeout_s and may_abandon:
                     late.append(i)
                     places[i]()
                     with _threads_lock:
@@ -574,7 +585,8 @@ def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int, 
             if _EXITING.is_set() and not any(t.is_alive() for t in spawned if t not in abandoned):
                 late.extend(i for i in tasks if i not in results and i not in late)
                 break
-            deadlines = [started[i] + timeout_s - now for i in running if i not in late]
+            deadlines = [max(started[i] + timeout_s - now, 0.0 if may_abandon else POLL_S)
+                         for i in running if i not in late]
             settled.wait(timeout=min(deadlines + [1.0]) if deadlines else 1.0)
         abandoned = {running_on[i] for i in late if i in started}
     for thread in spawned:
@@ -600,9 +612,9 @@ class Precompiling:
     collective half (finish), which every rank calls at the same point of the same step."""
 
     def __init__(self, state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,
-                 timeout_s: float, workers: int) -> None:
+                 timeout_s: float, workers: int, deadline_s: float = math.inf) -> None:
         self.state, self.args, self.kwargs = state, args, kwargs
-        self.threads, self.timeout_s = threads, timeout_s
+        self.threads, self.timeout_s, self.deadline_s = threads, timeout_s, deadline_s
         self.started = time.perf_counter()
         # A budgeted search's configs beyond its first rung (state.later) compile at their first launch, if
         # a rung ever chooses them.
@@ -642,7 +654,7 @@ class Precompiling:
         try:
             self._outcome = _compile(self.state, self.mine, self.args, self.kwargs, self.threads, self.timeout_s,
                                      self.pool, self.device, load=False,
-                                     on_ready=self._on_ready if waited_for else None)
+                                     on_ready=self._on_ready if waited_for else None, deadline_s=self.deadline_s)
         except BaseException as e:  # noqa: BLE001 (re-raised by finish(), on the thread that owns the call)
             self._error = e
         finally:
@@ -751,9 +763,9 @@ def _share(comm: Collectives, batch: Batch, n: int, what: str) -> tuple[dict[int
 
 
 def start(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,
-          timeout_s: float = math.inf, workers: int = 0) -> Precompiling:
-    """Begin compiling this rank's share of `state`'s configs in the background."""
-    return Precompiling(state, args, kwargs, comm, threads, timeout_s, workers).start()
+          timeout_s: float = math.inf, workers: int = 0, deadline_s: float = math.inf) -> Precompiling:
+    """Begin compiling this rank's share of `state`'s configs in the background (`deadline_s`: _compile's)."""
+    return Precompiling(state, args, kwargs, comm, threads, timeout_s, workers, deadline_s).start()
 
 
 def precompile(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,

@@ -64,6 +64,10 @@ MODEL_MIN = 8  # configs whose compile time is known before a rung's compiles ar
 # the replay of recorded compile times, the 80th and 95th percentiles of those distances overran budgets by 3.5%)
 MODEL_QUANTILE = 1.0
 FIRST_RUNG_WITH_WORKERS = 16  # ... when compile workers compile it side by side (its wall time is about one's)
+# A seconds budget's first rung waits at most this share of the budget for one config's compile (once another has
+# compiled): the GEMM space's first rung of 16 waited 2.9 s of its 7.4 s for 256x256 tiles on 4 warps, 3.4 to 4.7 s
+# to compile (the others 0.2 to 1.2 s) and 9 to 50 times slower than the best.
+FIRST_RUNG_DEADLINE = 0.15
 MEASURES = ("executions", "compiles", "seconds")
 LAUNCH_PARAMS = ("num_warps", "num_stages", "num_ctas", "maxnreg")  # a config's coordinates beside its meta-parameters
 
@@ -196,6 +200,14 @@ class BudgetSearch:
             return whole * self.parallel + (last if 2 <= last < self.parallel else 0)
         per_config = elapsed_s / max(len(self.launched), 1)
         return max(int(room // max(per_config, 1e-9)), 0)
+
+    def compile_deadline_s(self) -> float:
+        """How long the first rung's precompile waits for one config's compile before it leaves it out (failed, on
+        every rank, as a compile timeout is): FIRST_RUNG_DEADLINE of what a seconds budget has left; no limit for
+        the other measures, which do not count compile time."""
+        if self.measure != "seconds":
+            return math.inf
+        return FIRST_RUNG_DEADLINE * max(self.limit - self.spent(0.0)["seconds"], 0.0)
 
     def note_compiles(self, seconds: dict[int, float]) -> None:
         """Rank 0's compile times of configs of this key (a rung's, as they end): what a wave of compiles costs."""
