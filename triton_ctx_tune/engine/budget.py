@@ -38,9 +38,10 @@ costs now, after the re-timing's slots are set aside; the last rung may be narro
 the configs whose predicted compile (from their weight and the compiles seen so far) the rest cannot pay
 for (on 1152 GEMM configs, rungs priced per config were 2 or 3 configs wide: 16 configs explored in 5.6 s;
 priced at the whole first rung, a slow start left no local rung; priced at the last rung alone, a rung of
-large tiles ran 10% of the sweep to 12.4%). Once the seconds are spent, the key is decided on the samples
-it has (no halving or final re-timing). So a seconds budget is overrun by at most one rung's
-misprediction (or the first rung, when that alone takes longer).
+large tiles ran 10% of the sweep to 12.4%). The first rung's precompile leaves out a config still compiling
+after FIRST_RUNG_DEADLINE of the budget, once another has compiled (compile_deadline_s). Once the seconds are
+spent, the key is decided on the samples it has (no halving or final re-timing). So a seconds budget is
+overrun by at most one rung's misprediction.
 
 A cache entry written by a budgeted search records what it explored and spent (`tuned.budget`); a later
 run whose budget goes further continues from it (`Prior`): it re-times the earlier run's best
