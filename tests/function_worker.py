@@ -218,6 +218,52 @@ def luckiest_rank() -> dict[str, Any]:
     return {**_outcome(op, out, calls), "confirmed": confirms}
 
 
+# A race of three close candidates (10 ms a launch each), judged by the call: the rest of the call costs, per rank,
+# BLOCK 32: 20 / 26 ms, 16: 24 / 20, 8: 60 / 24. Over both ranks (max) 8 is twice behind and leaves after the first
+# round; 32 is 6% behind 16 and stays to the end. Each rank alone would have raced otherwise: rank 0 would drop 16
+# (13% behind 32), rank 1 would drop 32 (20% behind 16) and keep 8.
+_RACE_REST = {32: (20.0, 26.0), 16: (24.0, 20.0), 8: (60.0, 24.0)}
+_race_ran: list[int] = []
+
+
+def _race_hook(block: int) -> Callable[[dict[str, Any]], None]:
+    def hook(nargs: dict[str, Any]) -> None:
+        _race_ran.append(block)
+        spend(10.0)
+    return hook
+
+
+_race_kernel = triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=4, pre_hook=_race_hook(b))
+                                        for b in _RACE_REST], key=["n"])(triton.jit(double_.fn.fn))
+
+
+def race_across_ranks() -> dict[str, Any]:
+    from triton_ctx_tune import contextual_autotune
+    from triton_ctx_tune.runtime import streams
+
+    log_dir = Path(tempfile.mkdtemp())
+    busy, streams.busy_elsewhere = streams.busy_elsewhere, lambda: True  # the key overlaps: judged by the call
+    try:
+        @contextual_autotune(is_dist=True, n_warmup=1, n_repeat=3, early_stop=False, cache=False,
+                             log_dir=str(log_dir))
+        def op(x: torch.Tensor) -> torch.Tensor:
+            _race_ran.clear()
+            y = x.clone()
+            _race_kernel[grid(y.numel())](y, y.numel())
+            spend(_RACE_REST[_race_ran[-1]][dist.get_rank() % 2])
+            return y
+
+        out = op(torch.ones(64, device=DEVICE))
+    finally:
+        streams.busy_elsewhere = busy
+    events = [json.loads(line) for line in next(log_dir.glob("rank-*.jsonl")).read_text().splitlines()]
+    (decision,) = [e for e in events if e["event"] == "decision"]
+    return {"executions": op.last_call.executions, "out": out[:4].tolist(),
+            "candidates": [e["candidates"] for e in events if e["event"] == "confirm"],
+            "rounds": [[e["stay"], e["out"], e["rounds_left"]] for e in events if e["event"] == "confirm-round"],
+            "winner": decision["winner"], "raced_out": decision["raced_out"], "end_to_end": decision["end_to_end"]}
+
+
 def call_budget() -> dict[str, Any]:
     """budget= bounds the call: an executions budget, then a seconds one on rank 0's clock (rank 1 spends 40 ms more
     a step on its host, so its clock runs ahead: only rank 0's measure may decide, or the ranks would part)."""
@@ -241,6 +287,7 @@ def call_budget() -> dict[str, Any]:
 
 SCENARIOS = {"consensus": consensus, "fails_on_rank1": fails_on_rank1, "wrong_on_rank1": wrong_on_rank1,
              "cached": cached, "luckiest_rank": luckiest_rank, "call_budget": call_budget,
+             "race_across_ranks": race_across_ranks,
              "validate_rank1": validate_rank1, "misuse_on_every_rank": misuse_on_every_rank}
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.kernels import DEVICE
 from tests.test_dist import run_ranks
 
 pytestmark = pytest.mark.dist
@@ -62,6 +63,22 @@ def test_a_config_slow_per_launch_on_one_rank_only_is_still_confirmed_end_to_end
     (kernel,) = [k for k in rows[0]["kernels"] if k[3] == 0]
     assert kernel[2].startswith("BLOCK=16")
     assert rows[0]["confirmed"] == [[0, 1, 2]] == rows[1]["confirmed"]
+
+
+def test_an_end_to_end_race_drops_candidates_on_the_times_every_rank_agreed_on(tmp_path):
+    """function_worker.race_across_ranks: over both ranks BLOCK 8 (#2) is twice behind and leaves after the first
+    round; 32 (#0) and 16 (#1) stay for both later rounds and 16 wins. Raced on its own times, rank 0 would have
+    dropped 16 and rank 1 would have dropped 32: every rank follows the rounds of the reduced times instead."""
+    rows = run_ranks(2, ["race_across_ranks"], tmp_path, worker="function_worker.py")["race_across_ranks"]
+    _same_on_every_rank(rows, "executions", "out", "candidates", "rounds", "winner", "raced_out")
+    assert rows[0]["end_to_end"] is True and rows[0]["candidates"] == [[0, 1, 2]]
+    assert rows[0]["rounds"] == [[[0, 1], [2], 1], [[0, 1], [], 0]]
+    assert rows[0]["winner"] == 1 and rows[0]["raced_out"] == [2]
+    assert rows[0]["out"] == [2.0] * 4  # the input doubled: each execution works on its own copy
+    from triton_ctx_tune.options import TuneOptions
+    runs = TuneOptions().resolved_e2e_runs("host" if DEVICE == "cpu" else "cuda-events")
+    # 3 configs x (a warm-up and 3 timed slots), the race's rounds of 3, 2 and 2 candidates, the final run.
+    assert rows[0]["executions"] == 3 * 4 + (3 + 2 + 2) * runs + 1
 
 
 @pytest.mark.parametrize("world", [2, 4])
