@@ -13,7 +13,7 @@ import triton
 from tests import budget_kernels as bk
 from tests.kernels import DEVICE, autotuner
 from triton_ctx_tune import InvalidOptionError, contextual_autotune
-from triton_ctx_tune.engine.budget import BudgetSearch, Prior
+from triton_ctx_tune.engine.budget import BudgetSearch
 from triton_ctx_tune.options import Budget, TuneOptions
 
 FAST = dict(n_warmup=1, n_repeat=3, quiet=True)
@@ -154,16 +154,6 @@ def test_a_seconds_budget_with_compile_workers_explores_in_rungs_as_wide_as_the_
     left = narrow._explorable_now(2.0)
     assert left == int((8.0 - 9 * 2.0 / 32) // (2.0 / 16))
     assert len(narrow.next_rung(times, 2.0)) == -(-left // 4)
-
-
-def test_only_a_seconds_budget_bounds_the_first_rungs_compiles_at_its_share_of_what_is_left():
-    configs = bk.configs()
-    assert BudgetSearch(configs, "seconds", 8.0, n_repeat=3, parallel=32).compile_deadline_s() == pytest.approx(1.2)
-    # Continuing after 6 s of an earlier run's search: a share of the 2 s left.
-    prior = Prior([math.nan] * len(configs), {"executions": 40.0, "compiles": 20.0, "seconds": 6.0})
-    assert BudgetSearch(configs, "seconds", 8.0, n_repeat=3, prior=prior).compile_deadline_s() == pytest.approx(0.3)
-    for measure in ("executions", "compiles"):
-        assert BudgetSearch(configs, measure, 100, n_repeat=3).compile_deadline_s() == math.inf
 
 
 def test_a_slow_first_rung_still_leaves_a_local_rung_when_the_rest_pays_for_one():

@@ -243,18 +243,19 @@ def scenario(name: str) -> dict[str, Any]:
         assert pool.wait_ready(240), "the replacement worker did not start"  # forked in the background
         return {"pids": pids, "pids_after": pool.pids(), "result": out, "seconds": seconds}
     if name in ("deadline", "deadline_alone"):
-        # A budget's first-rung deadline of 2 s (budget.BudgetSearch.compile_deadline_s): config 2 (BLOCK 64) hangs
-        # in its worker. Beside configs that compile, it is left out at the deadline; alone, nothing has compiled,
-        # so it is not, and only the worker's own limit (8 s) ends it.
+        # A seconds budget's first rung (budget.STRAGGLERS: 3x the median compile, once half have compiled): config 2
+        # (BLOCK 64) hangs in its worker. Beside configs that compile, it is left out as a straggler; alone,
+        # nothing has compiled, so it is not, and only the worker's own limit (8 s) ends it.
         at = W.hanging_add_one_
         if name == "deadline_alone":
             at = triton.autotune(configs=[c for c in at.configs if c.kwargs["BLOCK"] == 64], key=["n"])(at.fn)
-        args, kwargs = (torch.zeros(96), 96), {"grid": (1,), "warmup": False}
+        # n = 97 (not a multiple of 16): other binaries than the "timeout" scenario's, so that these compile.
+        args, kwargs = (torch.zeros(97), 97), {"grid": (1,), "warmup": False}
         state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs), n_warmup=1,
                          n_repeat=1, kernel=compat.kernel_name(at))
         start = time.monotonic()
         done = P.start(state, args, kwargs, Collectives(False), threads=2, workers=2, timeout_s=8.0,
-                       deadline_s=2.0).finish(Collectives(False))
+                       stragglers=3.0).finish(Collectives(False))
         seconds = time.monotonic() - start
         return {"pids": pids, "seconds": seconds, "failures": {str(i): r for i, r in done.failures.items()},
                 "by_workers": done.by_workers, "counts": done.counts()}

@@ -270,15 +270,15 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
              timeout_s: float, pool: WorkerPool | None = None, device: int | None = None,
              load: bool = True, on_ready: Callable[[int], None] | None = None,
              stop: threading.Event | None = None, later: bool = False, gated: bool = True,
-             deadline_s: float = math.inf) -> Batch:
+             stragglers: float = math.inf) -> Batch:
     """Compile configs `indices` on up to `threads` threads (and `pool`'s workers); `device` is the
     caller's, since a thread started here (or by start()) begins on device 0; `on_ready(i)` as each
     config's compile succeeds; `stop`, once set, starts no further config (they count as not compiled);
     `later`: the configs wait in GATE behind every config of any key that is not `later` (stolen ones);
     `gated=False`: they take no place in GATE (a step's end loading what other ranks compiled: it would wait
-    behind the background compiles of keys that are still compiling). `deadline_s`: a budget's limit on one
-    config's compile (budget.BudgetSearch.compile_deadline_s): once a config of the batch has compiled, one still
-    compiling after deadline_s is abandoned and fails (its worker goes on; nobody waits for it).
+    behind the background compiles of keys that are still compiling). `stragglers`: once half of the batch (at
+    least 2) has compiled, a config still compiling after this many times their median compile is abandoned and
+    fails (its worker goes on; nobody waits for it): a seconds budget's first rung (budget.STRAGGLERS).
 
     Each config goes to a compile worker when one is ready or starting: its thread waits for a worker rather
     than compiling it here. Here compile: the configs no worker can take (compat.describe_compile says why),
@@ -408,20 +408,28 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     if pool is not None:
         threads = max(threads, pool.size + 1)  # one thread per worker keeps every worker busy, one compiles here
     limit_s = timeout_s + (WORKER_GRACE_S if pool else 0.0)
-    budgeted = deadline_s < limit_s
-    if math.isinf(min(limit_s, deadline_s)) and (threads <= 1 or len(indices) <= 1):
+
+    def cutoff() -> float:
+        seconds = sorted(dict(out.compile_s).values())  # (a copy: compile threads add to it meanwhile)
+        if len(seconds) < max(2, (len(indices) + 1) // 2):
+            return math.inf
+        return stragglers * seconds[len(seconds) // 2]
+
+    budgeted = math.isfinite(stragglers) and len(indices) > 1
+    if math.isinf(limit_s) and not budgeted and (threads <= 1 or len(indices) <= 1):
         results = {i: one(i) if not _EXITING.is_set() else (None, EXIT_REASON) for i in indices}  # nothing to bound
     else:
-        done, late = run_with_deadline(indices, one, threads, min(limit_s, deadline_s),
+        done, late = run_with_deadline(indices, one, threads, limit_s,
                                        gate=None if not gated else
                                        lambda i: GATE.enter(i == first, threads,
                                                             len(state.configs) + (1 << 30 if later else 0)),
-                                       abandon_when=(lambda: out.first_s is not None) if budgeted else None)
+                                       cutoff=cutoff if budgeted else None)
         results = {i: r for i, r in done.items()}
+        straggled = cutoff() if budgeted else math.inf
         for i in late:
             results[i] = (None, EXIT_REASON if _EXITING.is_set() else Excluding(
-                f"not explored: its compile took longer than {deadline_s:.2g} s, the budget's share for one config "
-                "of the first rung (a larger budget= waits longer)" if budgeted else
+                f"not explored: still compiling after {straggled:.2g} s, {stragglers:g}x the median compile of the "
+                "budget's first rung (it does not wait for stragglers)" if straggled < limit_s else
                 f"compile timeout: compiling this config took longer than {timeout_s:g} s, so it was abandoned "
                 "(raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT if it is just slow)"))
     out.kernels = {i: k for i, (k, r) in results.items() if r is None and i not in out.skipped}
@@ -511,10 +519,10 @@ GATE = CompileGate()
 
 def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int, timeout_s: float,
                       gate: Callable[[int], Callable[[], None]] | None = None,
-                      abandon_when: Callable[[], bool] | None = None) -> tuple[dict[int, T], list[int]]:
+                      cutoff: Callable[[], float] | None = None) -> tuple[dict[int, T], list[int]]:
     """work(i) for every task on up to `threads` threads: ({task: result}, [tasks that ran out of time]).
     `gate(i)`, if given, waits for task i's place before its deadline starts and returns its release.
-    `abandon_when()`, if given: a task past its deadline is abandoned only once it returns True.
+    `cutoff()`, if given: a shorter deadline than timeout_s when it says so (read again as tasks settle).
 
     A task running longer than timeout_s is abandoned: nobody waits for it, and a new thread takes
     its place. A thread cannot be killed, so the threads are daemons: one stuck in a compiler must
@@ -571,9 +579,9 @@ def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int, 
         while len(results) + len(late) < len(tasks):
             now = time.monotonic()
             running = [i for i in started if i not in results and i not in late]
-            may_abandon = abandon_when is None or abandon_when()
+            limit = min(timeout_s, cutoff()) if cutoff is not None else timeout_s
             for i in running:
-                if now - started[i] >= timeout_s and may_abandon:
+                if now - started[i] >= limit:
                     late.append(i)
                     places[i]()
                     with _threads_lock:
@@ -585,8 +593,7 @@ def run_with_deadline(tasks: list[int], work: Callable[[int], T], threads: int, 
             if _EXITING.is_set() and not any(t.is_alive() for t in spawned if t not in abandoned):
                 late.extend(i for i in tasks if i not in results and i not in late)
                 break
-            deadlines = [max(started[i] + timeout_s - now, 0.0 if may_abandon else POLL_S)
-                         for i in running if i not in late]
+            deadlines = [started[i] + limit - now for i in running if i not in late]
             settled.wait(timeout=min(deadlines + [1.0]) if deadlines else 1.0)
         abandoned = {running_on[i] for i in late if i in started}
     for thread in spawned:
@@ -612,9 +619,9 @@ class Precompiling:
     collective half (finish), which every rank calls at the same point of the same step."""
 
     def __init__(self, state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,
-                 timeout_s: float, workers: int, deadline_s: float = math.inf) -> None:
+                 timeout_s: float, workers: int, stragglers: float = math.inf) -> None:
         self.state, self.args, self.kwargs = state, args, kwargs
-        self.threads, self.timeout_s, self.deadline_s = threads, timeout_s, deadline_s
+        self.threads, self.timeout_s, self.stragglers = threads, timeout_s, stragglers
         self.started = time.perf_counter()
         # A budgeted search's configs beyond its first rung (state.later) compile at their first launch, if
         # a rung ever chooses them.
@@ -654,7 +661,7 @@ class Precompiling:
         try:
             self._outcome = _compile(self.state, self.mine, self.args, self.kwargs, self.threads, self.timeout_s,
                                      self.pool, self.device, load=False,
-                                     on_ready=self._on_ready if waited_for else None, deadline_s=self.deadline_s)
+                                     on_ready=self._on_ready if waited_for else None, stragglers=self.stragglers)
         except BaseException as e:  # noqa: BLE001 (re-raised by finish(), on the thread that owns the call)
             self._error = e
         finally:
@@ -763,9 +770,9 @@ def _share(comm: Collectives, batch: Batch, n: int, what: str) -> tuple[dict[int
 
 
 def start(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,
-          timeout_s: float = math.inf, workers: int = 0, deadline_s: float = math.inf) -> Precompiling:
-    """Begin compiling this rank's share of `state`'s configs in the background (`deadline_s`: _compile's)."""
-    return Precompiling(state, args, kwargs, comm, threads, timeout_s, workers, deadline_s).start()
+          timeout_s: float = math.inf, workers: int = 0, stragglers: float = math.inf) -> Precompiling:
+    """Begin compiling this rank's share of `state`'s configs in the background (`stragglers`: _compile's)."""
+    return Precompiling(state, args, kwargs, comm, threads, timeout_s, workers, stragglers).start()
 
 
 def precompile(state: KeyState, args: tuple, kwargs: dict[str, Any], comm: Collectives, threads: int,

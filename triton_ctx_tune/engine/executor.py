@@ -326,8 +326,8 @@ class Executor:
                     self.opts.resolved_compile_timeout(), self.opts.resolved_compile_workers())
             # The configs compile behind the execution, which goes on with the first that is ready;
             # the step's end gathers them (_finish_precompiles).
-            state.compiling = precompile.start(*work, deadline_s=math.inf if state.budget is None
-                                               else state.budget.compile_deadline_s())
+            state.compiling = precompile.start(*work, stragglers=math.inf if state.budget is None
+                                               else state.budget.stragglers)
         return state
 
     def _budget_search(self, at: Autotuner, configs: list, lookup: Lookup | None) -> BudgetSearch | None:
