@@ -156,6 +156,38 @@ def test_a_seconds_budget_with_compile_workers_explores_in_rungs_as_wide_as_the_
     assert len(narrow.next_rung(times, 2.0)) == -(-left // 4)
 
 
+def test_after_exploring_a_key_times_what_its_sibling_keys_found_fastest_once_within_its_budget(tmp_path):
+    """Two keys of one kernel, tuned in the same executions: key 512 pays 0.3 ms more for 3 stages, so the two
+    searches explore different configs. After its exploring rungs each key times, once, up to SIBLING_PICKS of the
+    configs the other ran fastest that it has not run, within its executions budget (exactly spent still)."""
+    from triton_ctx_tune.engine.budget import SIBLING_PICKS
+    size = {"n": 0}
+    kernel = bk.make_kernel(lambda point: 0.3 * (point["num_stages"] == 3) if size["n"] == 512 else 0.0)
+
+    @contextual_autotune(budget="200 executions", cache=False, log_dir=str(tmp_path / "logs"), **FAST)
+    def fn(x, y):
+        for t in (x, y):
+            size["n"] = t.numel()
+            kernel[lambda meta, t=t: (triton.cdiv(t.numel(), meta["BLOCK_M"]),)](t, t.numel())
+        return x, y
+
+    fn(torch.zeros(256, device=DEVICE), torch.zeros(512, device=DEVICE))
+    rungs = _events(tmp_path, "rung")
+    by_key = {n: [r for r in rungs if r["key"][0] == n] for n in (256, 512)}
+    ran = {n: set().union(*(set(r["configs"]) for r in rs)) for n, rs in by_key.items()}
+    for n, other in ((256, 512), (512, 256)):
+        seen: set[int] = set()
+        picks = []
+        for r in by_key[n]:
+            new = set(r["configs"]) - seen
+            if r["configs"] and new == set(r["configs"]) and new <= ran[other] and len(new) <= SIBLING_PICKS:
+                picks.append(r)
+            seen |= set(r["configs"])
+        assert len(picks) == 1, (n, [r["configs"] for r in by_key[n]])
+        assert by_key[n][-1]["spent"]["executions"] == 200
+    assert {bk.point_of(c)["num_stages"] for c in autotuner(kernel).cache.values()} == {2, 3}
+
+
 def test_a_slow_first_rung_still_leaves_a_local_rung_when_the_rest_pays_for_one():
     """The GEMM space's 4096-cube at 10% of a slower machine's sweep (8.3 s; RESULTS section 26, call 4): the first
     rung ended 5.0 s in. Priced at the whole first rung (2.5 s, the start counted as half) with the re-timing at the

@@ -21,7 +21,9 @@ The rungs, in order:
    same way: a larger tile wants more warps), then one parameter one step up or down, round-robin over the
    parents, then two parameters at once; when none is left, more spread samples. Until the budget for new
    configs is spent. A rung's new configs compile side by side before its first slot.
-3. **Halving.** The 2F fastest (F = 3 finalists) get one more timed slot each; then the F fastest by
+3. **Siblings.** Up to SIBLING_PICKS configs that other budgeted keys of the same kernel ran fastest, not run
+   here, one slot each (next_rung's `siblings`; the decisions layer reads rank 0's per-launch times of them).
+4. **Halving.** The 2F fastest (F = 3 finalists) get one more timed slot each; then the F fastest by
    their samples so far are re-timed, interleaved, up to `n_repeat` samples each. With an executions
    budget, the final rung also takes whatever slots are left, so the key spends exactly its budget.
 
@@ -71,6 +73,11 @@ FIRST_RUNG_WITH_WORKERS = 16  # ... when compile workers compile it side by side
 # best. (A share of the budget instead, 15%, left out nearly every config of a function space's points, whose
 # budgets are shares of the call's: 1.15 to 1.51 of the best on all-gather + GEMM at 10%.)
 STRAGGLERS = 3.0
+# After its last exploring rung, a key also times up to this many of the configs that other budgeted keys of the same
+# kernel found fastest and it has not run (next_rung's `siblings`): shapes that specialize alike share binaries, so
+# they cost slots, not compiles (the GEMM space's 4096-cube and 16384x1024 shapes: each one's 5 fastest within 1 to
+# 4% of the other's best; each key explored 48 of 1152 configs, and the three explored 80 between them).
+SIBLING_PICKS = 8
 MEASURES = ("executions", "compiles", "seconds")
 LAUNCH_PARAMS = ("num_warps", "num_stages", "num_ctas", "maxnreg")  # a config's coordinates beside its meta-parameters
 
@@ -143,6 +150,7 @@ class BudgetSearch:
     last_wave_s: float | None = None  # what the last rung with new configs cost beyond its slots (rank 0's clock)
     # The last rung on rank 0's clock: (elapsed seconds when planned, its new configs, its slots).
     _last_rung: tuple[float, int, int] = field(default=(0.0, 0, 0), init=False)
+    sibling_room: int = 0  # SIBLING_PICKS once rank 0's next_rung was offered siblings: their slots are kept
 
     def __post_init__(self) -> None:
         assert self.measure in MEASURES
@@ -169,9 +177,14 @@ class BudgetSearch:
         return {"executions": before.get("executions", 0.0) + self.slots, "compiles": float(len(explored)),
                 "seconds": before.get("seconds", 0.0) + elapsed_s}
 
-    def _reserve_slots(self) -> int:
+    def _retime_slots(self) -> int:
         """Slots the halving and final rungs may take."""
         return 2 * FINALISTS + FINALISTS * max(self.n_repeat - 2, 0)
+
+    def _reserve_slots(self) -> int:
+        """Slots kept from exploring: the re-timing's, and a warm-up and a slot for each sibling pick once
+        sibling keys are known (rank 0's next_rung notes it)."""
+        return self._retime_slots() + 2 * self.sibling_room
 
     def _explorable_now(self, elapsed_s: float) -> int:
         """How many new configs the budget still allows (rank 0's view for seconds)."""
@@ -395,11 +408,16 @@ class BudgetSearch:
     def ranked(self, times: list[float]) -> list[int]:
         return sorted((i for i, t in enumerate(times) if math.isfinite(t)), key=lambda i: (times[i], i))
 
-    def next_rung(self, times: list[float], elapsed_s: float, step_s: float | None = None) -> dict[int, int]:
+    def next_rung(self, times: list[float], elapsed_s: float, step_s: float | None = None,
+                  siblings: list[int] | None = None) -> dict[int, int]:
         """Rank 0, at a rung's end: {config: timed slots} of the next rung; {} when it is time to decide.
-        `times` are the reduced times of this run (inf: failed or not timed); `step_s`: what a step costs now."""
+        `times` are the reduced times of this run (inf: failed or not timed); `step_s`: what a step costs now;
+        `siblings`: configs other budgeted keys of the same kernel found fast, the fastest first (rank 0's
+        reading: the rung it decides is broadcast)."""
         if step_s is not None:
             self.step_s = step_s
+        if siblings and self.measure != "compiles":
+            self.sibling_room = SIBLING_PICKS
         began, new, slots = self._last_rung
         if new and len(self.rungs) > 1:  # a later rung with new configs: what a wave costs, measured
             self.last_wave_s = max(elapsed_s - began - slots * self._slot_s(elapsed_s), 0.0)
@@ -429,9 +447,13 @@ class BudgetSearch:
                 rung = self._affordable(rung, elapsed_s)
                 if rung:
                     return rung
-            self.phase = "halve"
-        if self.phase in ("halve", "final") and self._out_of_time(elapsed_s):
+            self.phase = "siblings"
+        if self.phase in ("siblings", "halve", "final") and self._out_of_time(elapsed_s):
             self.phase = "done"  # a seconds budget already spent: decide on the samples there are
+        if self.phase == "siblings":
+            self.phase = "halve"
+            if picks := self._sibling_rung(siblings or [], elapsed_s):
+                return picks
         if self.phase == "halve":
             self.phase = "final"
             mine = [i for i in ranked if i in self.launched]
@@ -455,6 +477,18 @@ class BudgetSearch:
             if rung:
                 return rung
         return {}
+
+    def _sibling_rung(self, siblings: list[int], elapsed_s: float) -> dict[int, int]:
+        """Up to SIBLING_PICKS of `siblings` this key has not run, one timed slot each, as far as the budget's slots
+        (after the halving and final re-timing) pay for a warm-up and a slot each; none under a compiles budget,
+        where each would count as a compile."""
+        if self.measure == "compiles":
+            return {}
+        known = self.launched | self.failed | (self.prior.explored if self.prior is not None else set())
+        picks = [j for j in dict.fromkeys(siblings) if 0 <= j < self.n and j not in known][:SIBLING_PICKS]
+        if (room := self._slots_left(elapsed_s)) is not None:
+            picks = picks[: max((room - self._retime_slots()) // 2, 0)]
+        return {j: 1 for j in picks}
 
     def _out_of_time(self, elapsed_s: float) -> bool:
         return self.measure == "seconds" and self.spent(elapsed_s)["seconds"] >= self.limit

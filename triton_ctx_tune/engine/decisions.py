@@ -19,6 +19,7 @@ import torch
 from ..errors import NoValidConfigError, NoValidPointError
 from ..runtime.compat import config_str, notify_listener
 from ..tools.logs import fmt_ms
+from .budget import PARENT_BAND
 from .search import AnyTunable, PointTunable
 from .state import CONFIRM_ROUNDS, RACE_BAND, Choice, KeyState, Tunable, close_candidates, screen, stable_winner
 
@@ -89,7 +90,7 @@ class Decisions:
                 # finalists (re-timed end to end first where the key's unbudgeted search would confirm so, then
                 # decided below like any confirmed key); the broadcast makes it every rank's.
                 compared = self._times(s, reduced[i])
-                rung = s.budget.next_rung(compared, time.perf_counter() - s.started, step_s)
+                rung = s.budget.next_rung(compared, time.perf_counter() - s.started, step_s, self._siblings(s))
                 if rung:
                     for j, timed in rung.items():
                         keep[i, j] = BUDGET_CODE + timed
@@ -313,6 +314,21 @@ class Decisions:
             if (times := other.launch_times(self.services.opts.stat)) is not None:
                 out = times if out is None else [min(a, b) for a, b in zip(out, times)]
         return out
+
+    def _siblings(self, s: KeyState) -> list[int]:
+        """Rank 0: the configs other budgeted keys of the same kernel (and point) ran within PARENT_BAND of their
+        fastest, by that ratio, best first, on this rank's per-launch times (budget.SIBLING_PICKS)."""
+        ratio: dict[int, float] = {}
+        for other in self.services.search.kernels.values():
+            if other is s or other.autotuner is not s.autotuner or other.budget is None \
+                    or other.point != s.point or len(other.configs) != len(s.configs):
+                continue
+            times = other.launch_times(self.services.opts.stat) or []
+            fastest = min(times, default=math.inf)
+            for j, t in enumerate(times):
+                if math.isfinite(t) and t <= PARENT_BAND * fastest:
+                    ratio[j] = min(ratio.get(j, math.inf), t / fastest)
+        return sorted(ratio, key=lambda j: (ratio[j], j))
 
     def _screen_factor(self, s: Tunable) -> float:
         """early_stop, or for a kernel key of a function-level point at least POINT_SCREEN: its one-sample
