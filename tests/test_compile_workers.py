@@ -199,7 +199,6 @@ def test_two_keys_that_compile_the_same_binaries_compile_each_once(tmp_path):
 def broken(tmp_path_factory) -> dict[str, dict[str, Any]]:
     if not HAS_CONSTEXPR_FUNCTION:
         pytest.skip("needs tl.constexpr_function (Triton 3.5+)")
-    # "deadline" leaves its hung worker sleeping (nobody waits for it): last.
     return _run(("timeout", "crash", "deadline_alone", "deadline"), str(tmp_path_factory.mktemp("triton-cache")))
 
 
@@ -220,7 +219,8 @@ def test_a_compile_past_its_limit_kills_the_worker_and_fails_the_config(broken):
 def test_a_budgets_first_rung_leaves_out_a_straggler_compile(broken):
     """A seconds budget's first rung does not wait for a config still compiling after 3x the median compile of the
     rung once half of it has compiled; a config alone is waited for up to the compile limit (a budget never leaves
-    a key without a config that compiled)."""
+    a key without a config that compiled). The straggler's worker is killed, as at a timeout: no thread is left
+    waiting on it (one that was, at the process's exit, ended it with SIGABRT)."""
     row = broken["deadline"]
     assert list(row["failures"]) == ["2"] and row["failures"]["2"].startswith("not explored: still compiling after ")
     assert row["failures"]["2"].endswith(" s, 3x the median compile of the budget's first rung (it does not wait "

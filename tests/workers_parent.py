@@ -244,8 +244,8 @@ def scenario(name: str) -> dict[str, Any]:
         return {"pids": pids, "pids_after": pool.pids(), "result": out, "seconds": seconds}
     if name in ("deadline", "deadline_alone"):
         # A seconds budget's first rung (budget.STRAGGLERS: 3x the median compile, once half have compiled): config 2
-        # (BLOCK 64) hangs in its worker. Beside configs that compile, it is left out as a straggler; alone,
-        # nothing has compiled, so it is not, and only the worker's own limit (8 s) ends it.
+        # (BLOCK 64) hangs in its worker. Beside configs that compile, it is left out as a straggler and its worker
+        # killed; alone, nothing has compiled, so it is not, and only the worker's own limit (8 s) ends it.
         at = W.hanging_add_one_
         if name == "deadline_alone":
             at = triton.autotune(configs=[c for c in at.configs if c.kwargs["BLOCK"] == 64], key=["n"])(at.fn)

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -61,6 +62,8 @@ MAX_BOOT_FAILURES = 3
 # than compile in the rank's process (a fork from the zygote is ready in milliseconds; a config taken here holds
 # the GIL for the whole compile, while the workers would have taken it).
 FORK_GRACE_S = 2.0
+# How often a compile that may be given up on (run's give_up: a budget's straggler) looks again.
+GIVE_UP_POLL_S = 0.05
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds triton_ctx_tune/
 # The package is entered through a stand-in for its __init__, which imports torch (1 to 2 s): the zygote needs
@@ -370,13 +373,25 @@ class WorkerPool:
     def usable(self, spec: LaunchSpec) -> bool:
         return _kernel_id(spec) not in self.unusable
 
-    def run(self, acquired: tuple[_Worker, int], spec: LaunchSpec, timeout_s: float) -> Outcome | None:
+    def run(self, acquired: tuple[_Worker, int], spec: LaunchSpec, timeout_s: float,
+            give_up: Callable[[float], str | None] | None = None) -> Outcome | None:
         """Compile `spec` on the acquired worker (released after). None when the worker could not compile it for
-        a reason that is not the config's (it could not rebuild the kernel): then the caller compiles it."""
+        a reason that is not the config's (it could not rebuild the kernel): then the caller compiles it.
+        `give_up(seconds so far)`, asked as it waits: a reason to stop (the worker is killed, as at a timeout)."""
         worker, pid = acquired
+        began = time.monotonic()
         try:
             worker.conn.send(spec)
-            answered = worker.conn.poll(None if math.isinf(timeout_s) else max(timeout_s, 0.0))
+            if give_up is None:
+                answered = worker.conn.poll(None if math.isinf(timeout_s) else max(timeout_s, 0.0))
+            else:
+                while not (answered := worker.conn.poll(GIVE_UP_POLL_S)):
+                    waited = time.monotonic() - began
+                    if waited >= timeout_s:
+                        break
+                    if (reason := give_up(waited)) is not None:
+                        self._release(worker, replace=True)
+                        return Outcome(Excluding(reason), pid, waited)
             kind, text, seconds = worker.conn.recv() if answered else ("timeout", "", timeout_s)
         except (EOFError, OSError):
             code = self.zygote.exit_code(pid, timeout_s=5.0)

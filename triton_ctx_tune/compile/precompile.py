@@ -71,6 +71,8 @@ from .compile_workers import Excluding, WorkerPool, get_pool
 # A thread that hands its config to a worker waits this much longer than compile_timeout_s, so that
 # a compile that hangs in the worker is ended by the worker's own limit, which kills it.
 WORKER_GRACE_S = 10.0
+# ... and this much longer than a budget's straggler cutoff (run's give_up ends that compile first).
+GIVE_UP_GRACE_S = 1.0
 # At exit, how long the atexit hook waits for compile threads to end their config in hand.
 EXIT_WAIT_S = 10.0
 EXIT_REASON = Excluding("not compiled: the process is exiting")
@@ -315,7 +317,7 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
             if acquired is None and i == first:
                 return False, None
             if acquired is not None:
-                outcome = pool.run(acquired, spec, timeout_s)
+                outcome = pool.run(acquired, spec, timeout_s, give_up=straggling if budgeted else None)
                 if outcome is None:
                     return False, None  # the worker could not rebuild the kernel: here, counted
                 out.compile_s[i] = outcome.seconds
@@ -408,6 +410,7 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     if pool is not None:
         threads = max(threads, pool.size + 1)  # one thread per worker keeps every worker busy, one compiles here
     limit_s = timeout_s + (WORKER_GRACE_S if pool else 0.0)
+    budgeted = math.isfinite(stragglers) and len(indices) > 1
 
     def cutoff() -> float:
         seconds = sorted(dict(out.compile_s).values())  # (a copy: compile threads add to it meanwhile)
@@ -415,7 +418,14 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
             return math.inf
         return stragglers * seconds[len(seconds) // 2]
 
-    budgeted = math.isfinite(stragglers) and len(indices) > 1
+    def straggler_reason(seconds: float) -> str:
+        return (f"not explored: still compiling after {seconds:.2g} s, {stragglers:g}x the median compile of the "
+                "budget's first rung (it does not wait for stragglers)")
+
+    def straggling(waited_s: float) -> str | None:
+        """A worker's compile past the cutoff: given up on, its worker killed (no thread is left waiting on it)."""
+        limit = cutoff()
+        return straggler_reason(limit) if waited_s >= limit else None
     if math.isinf(limit_s) and not budgeted and (threads <= 1 or len(indices) <= 1):
         results = {i: one(i) if not _EXITING.is_set() else (None, EXIT_REASON) for i in indices}  # nothing to bound
     else:
@@ -423,13 +433,15 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
                                        gate=None if not gated else
                                        lambda i: GATE.enter(i == first, threads,
                                                             len(state.configs) + (1 << 30 if later else 0)),
-                                       cutoff=cutoff if budgeted else None)
+                                       # (a worker's compile is given up on in pool.run, which kills the worker;
+                                       # the thread is abandoned only for a compile in this process)
+                                       cutoff=(lambda: cutoff() + (GIVE_UP_GRACE_S if pool else 0.0))
+                                       if budgeted else None)
         results = {i: r for i, r in done.items()}
         straggled = cutoff() if budgeted else math.inf
         for i in late:
             results[i] = (None, EXIT_REASON if _EXITING.is_set() else Excluding(
-                f"not explored: still compiling after {straggled:.2g} s, {stragglers:g}x the median compile of the "
-                "budget's first rung (it does not wait for stragglers)" if straggled < limit_s else
+                straggler_reason(straggled) if straggled < limit_s else
                 f"compile timeout: compiling this config took longer than {timeout_s:g} s, so it was abandoned "
                 "(raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT if it is just slow)"))
     out.kernels = {i: k for i, (k, r) in results.items() if r is None and i not in out.skipped}
