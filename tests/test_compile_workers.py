@@ -226,6 +226,11 @@ def test_a_budgets_first_rung_leaves_out_a_straggler_compile(broken):
     assert row["failures"]["2"].endswith(" s, 3x the median compile of the budget's first rung (it does not wait "
                                          "for stragglers)")
     assert row["counts"] == {"workers": 2, "here": 0, "ranks": 0, "cache": 0}
+    # The second key of the same binaries waited for the first key's compiles: the two that compiled from the
+    # cache, the straggler failed as it did (never compiled again: it has no compile of its own to cut it off).
+    (twin,) = row["twin"]
+    assert twin["failures"] == row["failures"] and twin["counts"]["cache"] == 2 and twin["counts"]["workers"] == 0
+    assert row["seconds"] < 8.0  # neither key waited for the worker's own limit
     alone = broken["deadline_alone"]
     assert list(alone["failures"]) == ["0"] and alone["failures"]["0"].startswith("compile timeout: compiling this "
                                                                                   "config took longer than 8 s")

@@ -249,16 +249,21 @@ def scenario(name: str) -> dict[str, Any]:
         at = W.hanging_add_one_
         if name == "deadline_alone":
             at = triton.autotune(configs=[c for c in at.configs if c.kwargs["BLOCK"] == 64], key=["n"])(at.fn)
-        # n = 97 (not a multiple of 16): other binaries than the "timeout" scenario's, so that these compile.
-        args, kwargs = (torch.zeros(97), 97), {"grid": (1,), "warmup": False}
-        state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs), n_warmup=1,
-                         n_repeat=1, kernel=compat.kernel_name(at))
-        start = time.monotonic()
-        done = P.start(state, args, kwargs, Collectives(False), threads=2, workers=2, timeout_s=8.0,
-                       stragglers=3.0).finish(Collectives(False))
-        seconds = time.monotonic() - start
+        # n = 97 (not a multiple of 16): other binaries than the "timeout" scenario's, so that these compile. A
+        # second key, n = 113, specializes alike: it waits for the first key's compiles, and fails as they do.
+        started, keys = time.monotonic(), []
+        for n in (97,) if name == "deadline_alone" else (97, 113):
+            args, kwargs = (torch.zeros(n), n), {"grid": (1,), "warmup": False}
+            state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs),
+                             n_warmup=1, n_repeat=1, kernel=compat.kernel_name(at))
+            keys.append(P.start(state, args, kwargs, Collectives(False), threads=2, workers=2, timeout_s=8.0,
+                                stragglers=3.0))
+        done, *twin = [k.finish(Collectives(False)) for k in keys]
+        seconds = time.monotonic() - started
         return {"pids": pids, "seconds": seconds, "failures": {str(i): r for i, r in done.failures.items()},
-                "by_workers": done.by_workers, "counts": done.counts()}
+                "by_workers": done.by_workers, "counts": done.counts(),
+                "twin": [{"failures": {str(i): r for i, r in t.failures.items()}, "counts": t.counts()}
+                         for t in twin]}
     if name == "crash":
         result = tune(W.crashing_add_one_, 96)
         assert pool.wait_ready(240), "the replacement worker did not start"

@@ -76,6 +76,7 @@ GIVE_UP_GRACE_S = 1.0
 # At exit, how long the atexit hook waits for compile threads to end their config in hand.
 EXIT_WAIT_S = 10.0
 EXIT_REASON = Excluding("not compiled: the process is exiting")
+STOPPED = "not compiled: stopped"  # a batch's stop was set (stolen configs at the step's end)
 
 # Set by the atexit hook: compile threads take no further config, waits for a place end.
 _EXITING = threading.Event()
@@ -177,29 +178,36 @@ class InFlight:
     precompile still compiles it) waits for that compile and then finds it in Triton's disk cache, instead of
     compiling it again beside it. On the GEMM space's three shapes, the second and third keys compiled the first
     rung's two slowest configs again, each from its own start: their first rungs ended 0.9 and 1.1 s after the
-    first key's."""
+    first key's. A compile that failed in a worker (an error, a timeout, a budget's straggler) fails its waiters
+    alike: the same binary would fail, or straggle, again."""
+
+    @dataclass
+    class Compile:
+        done: threading.Event = field(default_factory=threading.Event)
+        failure: Any = None  # why its worker did not compile it; None once compiled (or given back unfinished)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._compiling: dict[Any, threading.Event] = {}
+        self._compiling: dict[Any, InFlight.Compile] = {}
 
-    def claim(self, key: Any) -> threading.Event | None:
-        """None: the caller compiles `key` and must release() it; else the event that its compile sets when done."""
+    def claim(self, key: Any) -> InFlight.Compile | None:
+        """None: the caller compiles `key` and must release() it; else the compile under way, to wait() for."""
         with self._lock:
             under_way = self._compiling.get(key)
             if under_way is None:
-                self._compiling[key] = threading.Event()
+                self._compiling[key] = InFlight.Compile()
             return under_way
 
-    def release(self, key: Any) -> None:
+    def release(self, key: Any, failure: Any = None) -> None:
         with self._lock:
-            done = self._compiling.pop(key, None)
-        if done is not None:
-            done.set()
+            under_way = self._compiling.pop(key, None)
+        if under_way is not None:
+            under_way.failure = failure
+            under_way.done.set()
 
-    def wait(self, under_way: threading.Event, stop: threading.Event | None = None) -> None:
+    def wait(self, under_way: InFlight.Compile, stop: threading.Event | None = None) -> None:
         """Until that compile ends (or this process exits, or `stop` is set)."""
-        while not under_way.wait(POLL_S):
+        while not under_way.done.wait(POLL_S):
             if _EXITING.is_set() or (stop is not None and stop.is_set()):
                 return
 
@@ -303,7 +311,7 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
         assert pool is not None
         while pool.usable(spec):
             if stop is not None and stop.is_set():
-                return True, "not compiled: stopped"
+                return True, STOPPED
             if _EXITING.is_set():
                 return True, EXIT_REASON
             # The config an execution waits for takes the next worker to be free, ahead of every other config, and
@@ -348,7 +356,7 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
         if device is not None:
             torch.cuda.set_device(device)  # Triton picks the target from this thread's current device
         if stop is not None and stop.is_set():
-            return None, "not compiled: stopped"
+            return None, STOPPED
         claimed = None  # the binary this thread compiles for every caller in this process (IN_FLIGHT)
         try:
             if not interpret_mode():  # (the interpreter compiles nothing: no cache to find, nothing to describe)
@@ -364,13 +372,18 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
                         # there, this config takes a worker of its own: it is never compiled here)
                         IN_FLIGHT.wait(under_way, stop)
                         if (stop is not None and stop.is_set()) or _EXITING.is_set():
-                            return None, EXIT_REASON if _EXITING.is_set() else "not compiled: stopped"
+                            return None, EXIT_REASON if _EXITING.is_set() else STOPPED
+                        if under_way.failure is not None:
+                            return None, under_way.failure
                         described = describe_compile(state.autotuner, state.configs[i], args, kwargs, ship=True)
                 if described.cached:
                     out.places[i] = CACHE
                 elif described.spec is not None and pool is not None:
                     _, failure = by_worker(i, described.spec)
                     if failure is not None:
+                        if claimed is not None and failure is not EXIT_REASON and failure != STOPPED:
+                            IN_FLIGHT.release(claimed, failure)  # the binary's own failure: its waiters' too
+                            claimed = None
                         return None, failure
                 elif described.reason is not None and pool is not None:
                     out.undescribed[i] = described.reason
