@@ -287,8 +287,9 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     `later`: the configs wait in GATE behind every config of any key that is not `later` (stolen ones);
     `gated=False`: they take no place in GATE (a step's end loading what other ranks compiled: it would wait
     behind the background compiles of keys that are still compiling). `stragglers`: once half of the batch (at
-    least 2) has compiled, a config still compiling after this many times their median compile is abandoned and
-    fails (its worker goes on; nobody waits for it): a seconds budget's first rung (budget.STRAGGLERS).
+    least 2) has compiled, a config still compiling after this many times their median compile fails (its worker
+    is killed, as at a timeout; a compile in this process is abandoned): a seconds budget's first rung
+    (budget.STRAGGLERS).
 
     Each config goes to a compile worker when one is ready or starting: its thread waits for a worker rather
     than compiling it here. Here compile: the configs no worker can take (compat.describe_compile says why),
@@ -368,8 +369,8 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
                     under_way = IN_FLIGHT.claim(binary)
                     if under_way is None:
                         claimed = binary
-                    else:  # compiling for another key or batch now: wait, then find it in the cache (if it failed
-                        # there, this config takes a worker of its own: it is never compiled here)
+                    else:  # compiling for another key or batch now: wait, then find it in the cache; it fails as
+                        # it failed there, and if it was given back unfinished (stopped), this config claims it
                         IN_FLIGHT.wait(under_way, stop)
                         if (stop is not None and stop.is_set()) or _EXITING.is_set():
                             return None, EXIT_REASON if _EXITING.is_set() else STOPPED
@@ -439,6 +440,7 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
         """A worker's compile past the cutoff: given up on, its worker killed (no thread is left waiting on it)."""
         limit = cutoff()
         return straggler_reason(limit) if waited_s >= limit else None
+
     if math.isinf(limit_s) and not budgeted and (threads <= 1 or len(indices) <= 1):
         results = {i: one(i) if not _EXITING.is_set() else (None, EXIT_REASON) for i in indices}  # nothing to bound
     else:
