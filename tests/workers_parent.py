@@ -95,12 +95,17 @@ def _listen(*, src: Any, cache_hit: bool, **_: Any) -> None:
 triton.knobs.compilation.listener = _listen
 
 
+def key_state(at: Any, args: tuple, kwargs: dict[str, Any]) -> KeyState:
+    """A key of `at` for these arguments, as the executor makes one (one warm-up, one timed slot)."""
+    return KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs), n_warmup=1,
+                    n_repeat=1, kernel=compat.kernel_name(at))
+
+
 def tune(at: Any, n: int, comm: Collectives | None = None, timeout_s: float = math.inf, workers: int = 2,
          args: tuple | None = None, **kwargs: Any) -> dict[str, Any]:
     args = (torch.zeros(n), n) if args is None else args
     kwargs = {"grid": (1,), "warmup": False, **kwargs}
-    state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs), n_warmup=1,
-                     n_repeat=1, kernel=compat.kernel_name(at))
+    state = key_state(at, args, kwargs)
     before, misses = cubins(), len(MISSES)
     done = P.precompile(state, args, kwargs, comm or Collectives(False), threads=2, timeout_s=timeout_s,
                         workers=workers)
@@ -170,8 +175,7 @@ def cold_start() -> dict[str, Any]:
     at = many_configs_add_one_
     x = torch.zeros(100)
     args, kwargs = (x, 100), {"grid": (1,), "warmup": False}
-    state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs), n_warmup=1,
-                     n_repeat=1, kernel=compat.kernel_name(at))
+    state = key_state(at, args, kwargs)
     zygote_at_start = CW.zygote_state()
     began = time.monotonic()
     compiling = P.start(state, args, kwargs, Collectives(False), threads=2, workers=2)
@@ -254,8 +258,7 @@ def scenario(name: str) -> dict[str, Any]:
         started, keys = time.monotonic(), []
         for n in (97,) if name == "deadline_alone" else (97, 113):
             args, kwargs = (torch.zeros(n), n), {"grid": (1,), "warmup": False}
-            state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs),
-                             n_warmup=1, n_repeat=1, kernel=compat.kernel_name(at))
+            state = key_state(at, args, kwargs)
             keys.append(P.start(state, args, kwargs, Collectives(False), threads=2, workers=2, timeout_s=8.0,
                                 stragglers=3.0))
         done, *twin = [k.finish(Collectives(False)) for k in keys]
@@ -277,8 +280,7 @@ def scenario(name: str) -> dict[str, Any]:
         at = K.early_pruned_add_one_
         x = torch.zeros(64)
         args, kwargs = (x, 64), {"grid": (1,), "warmup": False}
-        state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs), n_warmup=1,
-                         n_repeat=1, kernel=compat.kernel_name(at))
+        state = key_state(at, args, kwargs)
         comm = LocalRanks()
         before, misses = cubins(), len(MISSES)
         compiling = P.start(state, args, kwargs, comm, threads=2, workers=2)
@@ -300,8 +302,7 @@ def scenario(name: str) -> dict[str, Any]:
         states, compiling = [], []
         for n in (96, 160):
             args, kwargs = (torch.zeros(n), n), {"grid": (1,), "warmup": False}
-            state = KeyState(autotuner=at, key=compat.tuning_key(at, args, kwargs), configs=list(at.configs),
-                             n_warmup=1, n_repeat=1, kernel=compat.kernel_name(at))
+            state = key_state(at, args, kwargs)
             states.append(state)
             compiling.append(P.start(state, args, kwargs, Collectives(False), threads=2, workers=2))
         done = [c.finish(Collectives(False)) for c in compiling]

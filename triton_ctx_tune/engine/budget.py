@@ -485,7 +485,7 @@ class BudgetSearch:
         if self.measure == "compiles":
             return {}
         known = self.launched | self.failed | (self.prior.explored if self.prior is not None else set())
-        picks = [j for j in dict.fromkeys(siblings) if 0 <= j < self.n and j not in known][:SIBLING_PICKS]
+        picks = [j for j in siblings if j not in known][:SIBLING_PICKS]
         if (room := self._slots_left(elapsed_s)) is not None:
             picks = picks[: max((room - self._retime_slots()) // 2, 0)]
         return {j: 1 for j in picks}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -302,28 +302,27 @@ class Decisions:
             **_subject_fields(s), stay=stay, out=out, reduced=[float(times[j, 0]) for j in racing],
             rounds_left=s.confirm_left)
 
-    def _elsewhere(self, s: KeyState) -> list[float] | None:
-        """Rank 0: each config's fastest time per launch, on this rank, for the same kernel and key under the
-        function's other points (close_candidates: beside overlapped work, per-launch times hide the config
-        that overlaps best). Only rank 0's reading matters: the decisions it makes are broadcast."""
-        out: list[float] | None = None
+    def _peer_times(self, s: KeyState, peer: Callable[[KeyState], bool]) -> Iterator[list[float]]:
+        """Rank 0's per-launch times (KeyState.launch_times) of the other keys of s's kernel, with s's configs, that
+        `peer` accepts. Only rank 0's reading matters: the decisions it makes from them are broadcast."""
         for other in self.services.search.kernels.values():
-            if other is s or other.autotuner is not s.autotuner or other.key != s.key \
-                    or len(other.configs) != len(s.configs):
-                continue
-            if (times := other.launch_times(self.services.opts.stat)) is not None:
-                out = times if out is None else [min(a, b) for a, b in zip(out, times)]
+            if other is not s and other.autotuner is s.autotuner and len(other.configs) == len(s.configs) \
+                    and peer(other) and (times := other.launch_times(self.services.opts.stat)) is not None:
+                yield times
+
+    def _elsewhere(self, s: KeyState) -> list[float] | None:
+        """Rank 0: each config's fastest time per launch for the same kernel and key under the function's other
+        points (close_candidates: beside overlapped work, per-launch times hide the config that overlaps best)."""
+        out: list[float] | None = None
+        for times in self._peer_times(s, lambda other: other.key == s.key):
+            out = times if out is None else [min(a, b) for a, b in zip(out, times)]
         return out
 
     def _siblings(self, s: KeyState) -> list[int]:
         """Rank 0: the configs other budgeted keys of the same kernel (and point) ran within PARENT_BAND of their
-        fastest, by that ratio, best first, on this rank's per-launch times (budget.SIBLING_PICKS)."""
+        fastest, by that ratio, best first (budget.SIBLING_PICKS)."""
         ratio: dict[int, float] = {}
-        for other in self.services.search.kernels.values():
-            if other is s or other.autotuner is not s.autotuner or other.budget is None \
-                    or other.point != s.point or len(other.configs) != len(s.configs):
-                continue
-            times = other.launch_times(self.services.opts.stat) or []
+        for times in self._peer_times(s, lambda other: other.budget is not None and other.point == s.point):
             fastest = min(times, default=math.inf)
             for j, t in enumerate(times):
                 if math.isfinite(t) and t <= PARENT_BAND * fastest:
