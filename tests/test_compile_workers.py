@@ -222,15 +222,20 @@ def test_a_budgets_first_rung_leaves_out_a_straggler_compile(broken):
     a key without a config that compiled). The straggler's worker is killed, as at a timeout: no thread is left
     waiting on it (one that was, at the process's exit, ended it with SIGABRT)."""
     row = broken["deadline"]
-    assert list(row["failures"]) == ["2"] and row["failures"]["2"].startswith("not explored: still compiling after ")
-    assert row["failures"]["2"].endswith(" s, 3x the median compile of the budget's first rung (it does not wait "
-                                         "for stragglers)")
-    assert row["counts"] == {"workers": 2, "here": 0, "ranks": 0, "cache": 0}
-    # The second key of the same binaries waited for the first key's compiles: the two that compiled from the
-    # cache, the straggler failed as it did (never compiled again: it has no compile of its own to cut it off).
     (twin,) = row["twin"]
-    assert twin["failures"] == row["failures"] and twin["counts"]["cache"] == 2 and twin["counts"]["workers"] == 0
-    assert row["seconds"] < 8.0  # neither key waited for the worker's own limit
+    for key in (row, twin):
+        assert list(key["failures"]) == ["2"]
+        assert key["failures"]["2"].startswith("not explored: still compiling after ")
+        assert key["failures"]["2"].endswith(" s, 3x the median compile of the budget's first rung (it does not "
+                                              "wait for stragglers)")
+    # The two keys compile the same binaries: each compiled once, in a worker, by whichever key claimed it first;
+    # the other key waited for it and found it in the cache (and the straggler failed for both, once). Which key
+    # claims which depends on the threads' order; the two that compiled count towards either key's half.
+    assert {row["places"]["0"], twin["places"]["0"]} == {row["places"]["1"], twin["places"]["1"]} == \
+        {"workers", "cache"}
+    assert {k: row["counts"][k] + twin["counts"][k] for k in row["counts"]} == \
+        {"workers": 2, "here": 0, "ranks": 0, "cache": 2}
+    assert row["seconds"] < 60.0  # neither key waited for the worker's own limit (workers_parent.LIMIT_BESIDE_S)
     alone = broken["deadline_alone"]
     assert list(alone["failures"]) == ["0"] and alone["failures"]["0"].startswith("compile timeout: compiling this "
                                                                                   "config took longer than 8 s")

@@ -232,6 +232,42 @@ def test_the_rest_compile_smallest_key_first():
     assert order == ["small", "big"]  # a key of 6 configs is not held behind one of 48
 
 
+def test_a_config_waiting_for_another_keys_compile_steps_out_of_its_place():
+    """A config whose binary another key compiles waits for it outside the gate: holding its place, two keys that
+    split a rung's binaries filled the gate with waiters, and the configs that would compile waited behind them."""
+    from triton_ctx_tune.compile.precompile import CompileGate
+
+    gate, order = CompileGate(), []
+    waiter = gate.enter(False, 2, size=3)  # width 2: the one place
+    queued = threading.Event()
+
+    def other() -> None:
+        queued.set()
+        release = gate.enter(False, 2, size=3)
+        order.append("other compiles")
+        release()
+
+    with waiter.stepped_out():
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(10)
+        assert order == ["other compiles"] and not waiter.held  # it took the place the waiter gave back
+    assert waiter.held and gate._rest == 1  # back in its place after the wait
+    waiter()
+    waiter()  # idempotent
+    assert gate._rest == 0 and not waiter.held
+    # Abandoned at its deadline while stepped out (released for good): it does not take a place again.
+    late = gate.enter(False, 2)
+    with late.stepped_out():
+        late()
+    assert gate._rest == 0 and not late.held
+    # A key's first config has no place to step out of.
+    first = gate.enter(True, 2)
+    with first.stepped_out():
+        assert gate._rest == 0
+    assert gate._rest == 0
+
+
 def test_a_rank_hands_out_its_cheapest_config_first_then_the_slowest_to_compile(monkeypatch):
     """The execution waits for the first config ready, so the cheapest goes first; then the longest compiles,
     so that none starts last and ends the key alone. Other ranks steal from the other end."""

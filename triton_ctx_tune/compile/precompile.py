@@ -48,7 +48,8 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -214,6 +215,10 @@ class InFlight:
 
 IN_FLIGHT = InFlight()
 
+# How long each (autotuner, config) took to compile in this process, by id (both live as long as the process's
+# kernels): the compile time of a config another key compiled, when this key finds it in the cache.
+COMPILED_S: dict[tuple[int, int], float] = {}
+
 
 def local_share(n_configs: int, comm: Collectives) -> list[int]:
     """The configs this rank compiles: all of them alone, its round-robin share among local ranks."""
@@ -300,10 +305,13 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
         return out
     first = indices[0] if on_ready is not None else None  # what a waiting execution runs first
 
+    def compiled(i: int, seconds: float) -> None:
+        out.compile_s[i] = COMPILED_S[id(state.autotuner), id(state.configs[i])] = seconds
+
     def here(i: int) -> Any:
         began = time.perf_counter()
         kernel = compile_only(state.autotuner, [state.configs[i]], args, kwargs)[0]
-        out.compile_s[i] = time.perf_counter() - began
+        compiled(i, time.perf_counter() - began)
         out.places[i] = HERE
         return kernel
 
@@ -329,7 +337,7 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
                 outcome = pool.run(acquired, spec, timeout_s, give_up=straggling if budgeted else None)
                 if outcome is None:
                     return False, None  # the worker could not rebuild the kernel: here, counted
-                out.compile_s[i] = outcome.seconds
+                compiled(i, outcome.seconds)
                 out.add("worker_s", outcome.seconds)
                 if outcome.failure is not None:
                     return True, outcome.failure  # never compiled here: it may hang or crash this process
@@ -371,7 +379,9 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
                         claimed = binary
                     else:  # compiling for another key or batch now: wait, then find it in the cache; it fails as
                         # it failed there, and if it was given back unfinished (stopped), this config claims it
-                        IN_FLIGHT.wait(under_way, stop)
+                        place = gate_places.get(i)
+                        with place.stepped_out() if place is not None else nullcontext():
+                            IN_FLIGHT.wait(under_way, stop)
                         if (stop is not None and stop.is_set()) or _EXITING.is_set():
                             return None, EXIT_REASON if _EXITING.is_set() else STOPPED
                         if under_way.failure is not None:
@@ -379,6 +389,8 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
                         described = describe_compile(state.autotuner, state.configs[i], args, kwargs, ship=True)
                 if described.cached:
                     out.places[i] = CACHE
+                    if (seconds := COMPILED_S.get((id(state.autotuner), id(state.configs[i])))) is not None:
+                        compiled_elsewhere_s[i] = seconds
                 elif described.spec is not None and pool is not None:
                     _, failure = by_worker(i, described.spec)
                     if failure is not None:
@@ -400,7 +412,7 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
             out.add("parent_s", time.perf_counter() - began)
             if i not in out.places:  # compiled by that launch, on this thread
                 out.places[i] = HERE
-                out.compile_s[i] = time.perf_counter() - began
+                compiled(i, time.perf_counter() - began)
             if out.first_s is None:
                 out.first_s = time.perf_counter() - started
             if on_ready is not None:
@@ -426,8 +438,15 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     limit_s = timeout_s + (WORKER_GRACE_S if pool else 0.0)
     budgeted = math.isfinite(stragglers) and len(indices) > 1
 
+    # Configs another key's batch compiled (this one waited for it, or found it in the cache after): they count
+    # towards the half that arms the straggler cutoff, as this batch's own compiles do. Two keys of one kernel
+    # that split the rung's binaries between them each saw only their own half otherwise, and neither cut its
+    # straggler off.
+    compiled_elsewhere_s: dict[int, float] = {}
+
     def cutoff() -> float:
-        seconds = sorted(dict(out.compile_s).values())  # (a copy: compile threads add to it meanwhile)
+        # (copies: compile threads add to them meanwhile)
+        seconds = sorted({**dict(compiled_elsewhere_s), **dict(out.compile_s)}.values())
         if len(seconds) < max(2, (len(indices) + 1) // 2):
             return math.inf
         return stragglers * seconds[len(seconds) // 2]
@@ -441,13 +460,17 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
         limit = cutoff()
         return straggler_reason(limit) if waited_s >= limit else None
 
+    gate_places: dict[int, Place] = {}
+
+    def enter_gate(i: int) -> Place:
+        place = gate_places[i] = GATE.enter(i == first, threads, len(state.configs) + (1 << 30 if later else 0))
+        return place
+
     if math.isinf(limit_s) and not budgeted and (threads <= 1 or len(indices) <= 1):
         results = {i: one(i) if not _EXITING.is_set() else (None, EXIT_REASON) for i in indices}  # nothing to bound
     else:
         done, late = run_with_deadline(indices, one, threads, limit_s,
-                                       gate=None if not gated else
-                                       lambda i: GATE.enter(i == first, threads,
-                                                            len(state.configs) + (1 << 30 if later else 0)),
+                                       gate=None if not gated else enter_gate,
                                        # (a worker's compile is given up on in pool.run, which kills the worker;
                                        # the thread is abandoned only for a compile in this process)
                                        cutoff=(lambda: cutoff() + (GIVE_UP_GRACE_S if pool else 0.0))
@@ -506,14 +529,18 @@ class CompileGate:
         self._waiting: list[tuple[int, int]] = []  # a heap of (key's configs, ticket number)
         self._tickets = itertools.count()
 
-    def enter(self, first: bool, width: int, size: int = 0) -> Callable[[], None]:
-        """Wait for a place (a first config never waits; `size`: its key's configs); returns the place's
-        release (idempotent: a compile abandoned at its deadline gives its place back, while its thread
-        may never end). At exit it returns at once, without a place (its caller compiles nothing)."""
-        if first:
-            return lambda: None
+    def enter(self, first: bool, width: int, size: int = 0) -> Place:
+        """Wait for a place (a first config never waits; `size`: its key's configs); returns it. Its release
+        is idempotent: a compile abandoned at its deadline gives its place back, while its thread may never end.
+        At exit it returns at once, without a place (its caller compiles nothing)."""
+        place = Place(self if not first else None, width)
+        if first or not self._take(width, (size, next(self._tickets))):
+            place.held = False
+        return place
+
+    def _take(self, width: int, ticket: tuple[int, int]) -> bool:
+        """Wait for a place in ticket order; False at exit (no place taken)."""
         with self._cond:
-            ticket = (size, next(self._tickets))
             heapq.heappush(self._waiting, ticket)
             self._cond.wait_for(lambda: _EXITING.is_set()
                                 or (self._rest < max(1, width - 1) and self._waiting[0] == ticket))
@@ -521,24 +548,61 @@ class CompileGate:
                 self._waiting.remove(ticket)
                 heapq.heapify(self._waiting)
                 self._cond.notify_all()
-                return lambda: None
+                return False
             heapq.heappop(self._waiting)
             self._rest += 1
             self._cond.notify_all()  # the next ticket may have a place too
-        released = threading.Event()
+            return True
 
-        def release() -> None:
-            with self._cond:
-                if not released.is_set():
-                    released.set()
-                    self._rest -= 1
-                    self._cond.notify_all()
-        return release
+    def _give(self) -> None:
+        with self._cond:
+            self._rest -= 1
+            self._cond.notify_all()
 
     def wake(self) -> None:
         """Let every waiter see that the process is exiting."""
         with self._cond:
             self._cond.notify_all()
+
+
+class Place:
+    """A config's place in the CompileGate (none for a key's first config). A config that waits for another
+    key's compile of its binary (InFlight) steps out of its place meanwhile: holding it, two keys that split a
+    rung's binaries filled the gate with waiters and the configs that would have compiled waited behind them
+    (a budget's straggler then was never cut off: too few of the rung had compiled)."""
+
+    def __init__(self, gate: CompileGate | None, width: int) -> None:
+        self._gate, self._width = gate, width
+        self._lock = threading.Lock()
+        self.held = gate is not None
+        self._closed = False  # released for good (done, or abandoned at its deadline)
+
+    def __call__(self) -> None:
+        """Release it for good (idempotent)."""
+        with self._lock:
+            self._closed = True
+            held, self.held = self.held, False
+        if held and self._gate is not None:
+            self._gate._give()
+
+    @contextmanager
+    def stepped_out(self) -> Iterator[None]:
+        """Give the place back for the block's time; take it again after, ahead of every config queued."""
+        with self._lock:
+            held, self.held = self.held, False
+        if not held or self._gate is None:
+            yield
+            return
+        self._gate._give()
+        try:
+            yield
+        finally:
+            if self._gate._take(self._width, (-1, next(self._gate._tickets))):
+                with self._lock:
+                    keep = not self._closed
+                    self.held = keep
+                if not keep:  # abandoned meanwhile: nobody will release it
+                    self._gate._give()
 
 
 GATE = CompileGate()
