@@ -199,7 +199,8 @@ def test_two_keys_that_compile_the_same_binaries_compile_each_once(tmp_path):
 def broken(tmp_path_factory) -> dict[str, dict[str, Any]]:
     if not HAS_CONSTEXPR_FUNCTION:
         pytest.skip("needs tl.constexpr_function (Triton 3.5+)")
-    return _run(("timeout", "crash", "deadline_alone", "deadline"), str(tmp_path_factory.mktemp("triton-cache")))
+    return _run(("timeout", "crash", "deadline_alone", "deadline", "stragglers_fill_workers"),
+                str(tmp_path_factory.mktemp("triton-cache")))
 
 
 @needs_constexpr_function
@@ -240,6 +241,19 @@ def test_a_budgets_first_rung_leaves_out_a_straggler_compile(broken):
     assert list(alone["failures"]) == ["0"] and alone["failures"]["0"].startswith("compile timeout: compiling this "
                                                                                   "config took longer than 8 s")
     assert alone["seconds"] >= 8.0
+
+
+@needs_constexpr_function
+def test_a_budgets_first_rung_with_as_many_stragglers_as_workers_compiles_its_cheapest_first(broken):
+    """A budget's first rung hands its configs out cheapest first: slowest first, two stragglers held both
+    workers before half of the rung had compiled, and only the compile limit (60 s here) ended them."""
+    row = broken["stragglers_fill_workers"]
+    hanging = {i for i, (block, _) in row["blocks"].items() if block == 64}
+    assert len(hanging) == 2 and set(row["failures"]) == hanging
+    assert all(r.startswith("not explored: still compiling after ") for r in row["failures"].values())
+    assert row["places"] == {i: "workers" for i in row["blocks"] if i not in hanging}
+    assert row["counts"] == {"workers": 4, "here": 0, "ranks": 0, "cache": 0}
+    assert row["seconds"] < 60.0
 
 
 @needs_constexpr_function

@@ -284,6 +284,8 @@ def test_a_rank_hands_out_its_cheapest_config_first_then_the_slowest_to_compile(
     assert [compile_weight(c) for c in configs] == [49152.0, 1048576.0, 8192.0, 196608.0, 16384.0]
     assert compile_order(configs, [0, 1, 2, 3, 4]) == [2, 1, 3, 0, 4]
     assert compile_order(configs, [0, 3]) == [0, 3] and compile_order(configs, [4]) == [4]
+    # A budget's first rung (it does not wait for stragglers): all of them cheapest first.
+    assert compile_order(configs, [0, 1, 2, 3, 4], cheapest_first=True) == [2, 4, 0, 3, 1]
     # FLA-style configs that differ in warps and stages only.
     fla = [triton.Config({}, num_warps=w, num_stages=st) for w in (2, 4, 8) for st in (2, 3, 4)]
     order = compile_order(fla, list(range(9)))

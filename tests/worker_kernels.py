@@ -35,6 +35,15 @@ if HAS_CONSTEXPR_FUNCTION:
         offs = tl.program_id(0) * B + tl.arange(0, B)
         tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
 
+    # Two of its six configs hang (BLOCK 64, on 1 and on 2 warps): as many stragglers as two workers.
+    @triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64) for w in (1, 2)],
+                     key=["n"])
+    @triton.jit
+    def hanging_twice_add_one_(x_ptr, n, BLOCK: tl.constexpr):
+        B: tl.constexpr = _hang_at_64(BLOCK)
+        offs = tl.program_id(0) * B + tl.arange(0, B)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
     @triton.autotune(configs=block_configs([16, 32, 64]), key=["n"])
     @triton.jit
     def crashing_add_one_(x_ptr, n, BLOCK: tl.constexpr):

@@ -278,6 +278,17 @@ def scenario(name: str) -> dict[str, Any]:
                 "twin": [{"failures": {str(i): r for i, r in t.failures.items()}, "counts": t.counts(),
                           "places": places(t)}
                          for t in twin]}
+    if name == "stragglers_fill_workers":
+        # Two stragglers (BLOCK 64 on 1 and 2 warps) among six configs, on two workers: handed out slowest first,
+        # they held both workers before half of the rung had compiled, and only the compile limit ended them.
+        at, n = W.hanging_twice_add_one_, 99
+        args, kwargs = (torch.zeros(n), n), {"grid": (1,), "warmup": False}
+        started = time.monotonic()
+        done = P.start(key_state(at, args, kwargs), args, kwargs, Collectives(False), threads=2, workers=2,
+                       timeout_s=LIMIT_BESIDE_S, stragglers=3.0).finish(Collectives(False))
+        return {"pids": pids, "seconds": time.monotonic() - started, "counts": done.counts(),
+                "failures": {str(i): r for i, r in done.failures.items()}, "places": places(done),
+                "blocks": {str(i): [c.kwargs["BLOCK"], c.num_warps] for i, c in enumerate(at.configs)}}
     if name == "crash":
         result = tune(W.crashing_add_one_, 96)
         assert pool.wait_ready(240), "the replacement worker did not start"

@@ -238,14 +238,17 @@ def compile_weight(config: Any) -> float:
     return float(tile * (getattr(config, "num_stages", None) or 1) * (getattr(config, "num_warps", None) or 4))
 
 
-def compile_order(configs: list[Any], indices: list[int]) -> list[int]:
+def compile_order(configs: list[Any], indices: list[int], cheapest_first: bool = False) -> list[int]:
     """The order in which a rank hands `indices` out: the cheapest first, since an execution waits for the first
     one ready (first_ready), then the rest slowest first, so that the longest compiles do not start last and
-    end the key's compile alone (longest processing time first)."""
+    end the key's compile alone (longest processing time first). `cheapest_first`: all of them cheapest first (a
+    budget's first rung, which does not wait for stragglers: slowest first, as many stragglers as workers held
+    every worker before any config had compiled, so the cutoff, which needs half of the rung compiled, never
+    came, and the rung waited for the compile limit)."""
     if len(indices) <= 1 or interpret_mode():  # (the interpreter compiles nothing: the config list's order)
         return list(indices)
     ranked = sorted(indices, key=lambda i: (compile_weight(configs[i]), i))
-    return [ranked[0], *reversed(ranked[1:])]
+    return ranked if cheapest_first else [ranked[0], *reversed(ranked[1:])]
 
 
 def default_threads() -> int:
@@ -255,8 +258,6 @@ def default_threads() -> int:
 
 def _device() -> int | None:
     return torch.cuda.current_device() if torch.cuda.is_available() else None
-
-
 
 
 @dataclass
@@ -444,12 +445,15 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     # straggler off.
     compiled_elsewhere_s: dict[int, float] = {}
 
+    half = max(2, (len(indices) + 1) // 2)
+
     def cutoff() -> float:
+        """`stragglers` times the batch's median compile: its half-th fastest, once half of it has compiled. The
+        configs compiled first are the fastest when they start at once or cheapest first (compile_order), so this
+        is the batch's median, not the median of the half compiled so far (its 25th percentile)."""
         # (copies: compile threads add to them meanwhile)
         seconds = sorted({**dict(compiled_elsewhere_s), **dict(out.compile_s)}.values())
-        if len(seconds) < max(2, (len(indices) + 1) // 2):
-            return math.inf
-        return stragglers * seconds[len(seconds) // 2]
+        return stragglers * seconds[half - 1] if len(seconds) >= half else math.inf
 
     def straggler_reason(seconds: float) -> str:
         return (f"not explored: still compiling after {seconds:.2g} s, {stragglers:g}x the median compile of the "
@@ -719,12 +723,15 @@ class Precompiling:
         skip = set(state.failures) | set(state.carried) | set(state.later)
         # Configs already failed (quarantined: they killed a process) are neither compiled nor run; carried
         # ones (incremental re-tuning) take no slot and compile at their first launch if they win.
-        self.mine = compile_order(state.configs, [i for i in local_share(len(state.configs), comm) if i not in skip])
+        cheapest_first = math.isfinite(stragglers)
+        self.mine = compile_order(state.configs, [i for i in local_share(len(state.configs), comm) if i not in skip],
+                                  cheapest_first)
         # The other local ranks' configs, their owners' order reversed (owners start at the front): this rank's
         # workers compile them once its own share is done, while the finish() of the step is not reached yet, so no
         # rank's workers idle while another's queue is long. Their outcome only warms Triton's disk cache.
         self.others = list(reversed(compile_order(state.configs, [i for i in range(len(state.configs))
-                                                                   if i not in self.mine and i not in skip])))
+                                                                   if i not in self.mine and i not in skip],
+                                                  cheapest_first)))
         self.ran_meanwhile: list[int] = []  # what first_ready() handed to the execution
         self._ready: list[int] = []
         self._settled = False
