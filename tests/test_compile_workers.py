@@ -195,6 +195,27 @@ def test_two_keys_that_compile_the_same_binaries_compile_each_once(tmp_path):
     assert first["cache"] + second["cache"] == 48 and first["ranks"] == second["ranks"] == 0
 
 
+def test_two_processes_of_a_node_compile_each_binary_once(tmp_path):
+    """Two local ranks each compiling the same 48 binaries (a budget's rung is compiled on every rank): each
+    binary is compiled once on the node, by whichever process takes its lock first; the other process waits for
+    it and finds it in the shared cache."""
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    env = _env(tmp_path / "cache", NODE_BARRIER=str(barrier))
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "workers_parent.py"), "node_rank"], cwd=ROOT,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    rows = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=400)
+        assert proc.returncode == 0, err[-4000:]
+        rows.append(json.loads(out.splitlines()[-1]))
+    assert all(row["failures"] == 0 and row["configs"] == 48 for row in rows)
+    compiled = sum(row["counts"]["workers"] + row["counts"]["here"] for row in rows)
+    assert compiled == 48 and sum(row["counts"]["cache"] for row in rows) == 48, rows
+    assert len(list((tmp_path / "cache").glob("*/*.cubin"))) == 48
+    assert _all_gone(sorted({p for row in rows for p in row["pids"]}))
+
+
 @pytest.fixture(scope="module")
 def broken(tmp_path_factory) -> dict[str, dict[str, Any]]:
     if not HAS_CONSTEXPR_FUNCTION:

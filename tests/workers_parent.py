@@ -331,6 +331,24 @@ def scenario(name: str) -> dict[str, Any]:
         return {"pids": pids, "keys": [str(s.key) for s in states], "counts": [d.counts() for d in done],
                 "failures": [len(d.failures) + len(d.rejected) for d in done], "new_cubins": cubins() - before,
                 "compiled_here": len(MISSES) - misses, "configs": len(at.configs)}
+    if name == "node_rank":
+        # One of two processes of a node (tests/test_compile_workers.py starts both, sharing TRITON_CACHE_DIR),
+        # each compiling all 48 configs of one key's rung, as every rank prefetches a budget's rung: each binary
+        # is compiled once on the node (NodeClaims), by whichever process takes its lock first.
+        at = many_configs_add_one_
+        args, kwargs = (torch.zeros(96), 96), {"grid": (1,), "warmup": False}
+        state = key_state(at, args, kwargs)
+        barrier = Path(os.environ["NODE_BARRIER"])
+        (barrier / str(os.getpid())).touch()
+        deadline = time.monotonic() + 120
+        while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # both processes' workers are ready: they start together
+        misses = len(MISSES)
+        done = P._compile(state, list(range(len(at.configs))), args, kwargs, 2, 120.0, pool, load=False)
+        where = list(done.places.values())
+        return {"pids": pids, "counts": {p: where.count(p) for p in (P.WORKER, P.HERE, P.CACHE)},
+                "failures": len(done.failures) + len(done.rejected),
+                "compiled_here": len(MISSES) - misses, "configs": len(at.configs)}
     if name == "helpers":
         from tests import helper_kernels as HK
         return {"pids": pids, "result": tune(HK.helpers_double_, 32)}

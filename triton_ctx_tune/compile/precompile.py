@@ -42,6 +42,8 @@ waiting for the one before, and a key's slowest config no longer stalls the whol
 from __future__ import annotations
 
 import atexit
+import fcntl
+import hashlib
 import heapq
 import itertools
 import math
@@ -215,6 +217,56 @@ class InFlight:
 
 IN_FLIGHT = InFlight()
 
+
+class NodeClaims:
+    """The binaries another process of this node (another local rank) is compiling now: a lock file per binary in
+    Triton's cache dir, held (flock) while its worker compiles it. IN_FLIGHT is per process; a budgeted key's rung
+    compiles on every rank (prefetch: no collective splits it), so two ranks of a node compiled each of its
+    binaries twice, side by side. A config whose lock another process holds waits for it, then finds the binary
+    in the cache. Where no lock can be taken (a cache dir without flock), each process compiles its own, as
+    before. The OS drops a lock whose process died."""
+
+    BUSY = object()  # take(): another process holds it
+    DIR = "ctx_tune_compiling"
+
+    def take(self, key: Any, cache_dir: str) -> int | object | None:
+        """The held lock's file descriptor (release() it once compiled), BUSY, or None (no lock here: compile)."""
+        try:
+            folder = os.path.join(cache_dir, self.DIR)
+            os.makedirs(folder, exist_ok=True)
+            fd = os.open(os.path.join(folder, hashlib.sha256(repr(key).encode()).hexdigest()[:32] + ".lock"),
+                         os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            os.close(fd)
+            return self.BUSY
+        except OSError:
+            os.close(fd)
+            return None
+
+    def wait(self, key: Any, cache_dir: str, limit_s: float, stop: threading.Event | None = None) -> None:
+        """Until no process holds `key`'s lock (or `limit_s` passed, this process exits, or `stop` is set)."""
+        deadline = time.monotonic() + limit_s
+        while (held := self.take(key, cache_dir)) is self.BUSY:
+            if time.monotonic() >= deadline or _EXITING.is_set() or (stop is not None and stop.is_set()):
+                return
+            time.sleep(POLL_S)
+        if isinstance(held, int):
+            self.release(held)
+
+    def release(self, fd: int) -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+NODE_CLAIMS = NodeClaims()
+
 # How long each (autotuner, config) took to compile in this process, by id (both live as long as the process's
 # kernels): the compile time of a config another key compiled, when this key finds it in the cache.
 COMPILED_S: dict[tuple[int, int], float] = {}
@@ -293,8 +345,8 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     `later`: the configs wait in GATE behind every config of any key that is not `later` (stolen ones);
     `gated=False`: they take no place in GATE (a step's end loading what other ranks compiled: it would wait
     behind the background compiles of keys that are still compiling). `stragglers`: once half of the batch (at
-    least 2) has compiled, a config still compiling after this many times their median compile fails (its worker
-    is killed, as at a timeout; a compile in this process is abandoned): a seconds budget's first rung
+    least 2) has compiled, a config still compiling after this many times the batch's median compile fails (its
+    worker is killed, as at a timeout; a compile in this process is abandoned): a seconds budget's first rung
     (budget.STRAGGLERS).
 
     Each config goes to a compile worker when one is ready or starting: its thread waits for a worker rather
@@ -305,6 +357,17 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     if not indices:
         return out
     first = indices[0] if on_ready is not None else None  # what a waiting execution runs first
+
+    gate_places: dict[int, Place] = {}
+
+    def stepped_out(i: int) -> Any:
+        """Config i's gate place given back while it waits for another compile of its binary (Place)."""
+        place = gate_places.get(i)
+        return place.stepped_out() if place is not None else nullcontext()
+
+    def enter_gate(i: int) -> Place:
+        place = gate_places[i] = GATE.enter(i == first, threads, len(state.configs) + (1 << 30 if later else 0))
+        return place
 
     def compiled(i: int, seconds: float) -> None:
         out.compile_s[i] = COMPILED_S[id(state.autotuner), id(state.configs[i])] = seconds
@@ -368,6 +431,7 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
         if stop is not None and stop.is_set():
             return None, STOPPED
         claimed = None  # the binary this thread compiles for every caller in this process (IN_FLIGHT)
+        node_lock: int | None = None  # ... and for the node's other processes (NODE_CLAIMS), while it compiles
         try:
             if not interpret_mode():  # (the interpreter compiles nothing: no cache to find, nothing to describe)
                 began = time.perf_counter()
@@ -380,14 +444,27 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
                         claimed = binary
                     else:  # compiling for another key or batch now: wait, then find it in the cache; it fails as
                         # it failed there, and if it was given back unfinished (stopped), this config claims it
-                        place = gate_places.get(i)
-                        with place.stepped_out() if place is not None else nullcontext():
+                        with stepped_out(i):
                             IN_FLIGHT.wait(under_way, stop)
                         if (stop is not None and stop.is_set()) or _EXITING.is_set():
                             return None, EXIT_REASON if _EXITING.is_set() else STOPPED
                         if under_way.failure is not None:
                             return None, under_way.failure
                         described = describe_compile(state.autotuner, state.configs[i], args, kwargs, ship=True)
+                # ... and node-wide (NodeClaims), except the config an execution waits for: it never waits for
+                # another rank's compile. A binary another rank compiled is in the cache after; one it did not
+                # (it failed there, or the wait ran out) this process compiles itself.
+                if claimed is not None and described.spec is not None and i != first:
+                    cache_dir = described.spec.cache_dir
+                    held = NODE_CLAIMS.take(claimed, cache_dir)
+                    if held is NodeClaims.BUSY:
+                        with stepped_out(i):
+                            NODE_CLAIMS.wait(claimed, cache_dir, timeout_s, stop)
+                        if (stop is not None and stop.is_set()) or _EXITING.is_set():
+                            return None, EXIT_REASON if _EXITING.is_set() else STOPPED
+                        described = describe_compile(state.autotuner, state.configs[i], args, kwargs, ship=True)
+                        held = NODE_CLAIMS.take(claimed, cache_dir) if described.spec is not None else None
+                    node_lock = held if isinstance(held, int) else None
                 if described.cached:
                     out.places[i] = CACHE
                     if (seconds := COMPILED_S.get((id(state.autotuner), id(state.configs[i])))) is not None:
@@ -428,6 +505,8 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
                 raise
             return None, reason
         finally:
+            if node_lock is not None:
+                NODE_CLAIMS.release(node_lock)
             if claimed is not None:
                 IN_FLIGHT.release(claimed)
 
@@ -463,12 +542,6 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
         """A worker's compile past the cutoff: given up on, its worker killed (no thread is left waiting on it)."""
         limit = cutoff()
         return straggler_reason(limit) if waited_s >= limit else None
-
-    gate_places: dict[int, Place] = {}
-
-    def enter_gate(i: int) -> Place:
-        place = gate_places[i] = GATE.enter(i == first, threads, len(state.configs) + (1 << 30 if later else 0))
-        return place
 
     if math.isinf(limit_s) and not budgeted and (threads <= 1 or len(indices) <= 1):
         results = {i: one(i) if not _EXITING.is_set() else (None, EXIT_REASON) for i in indices}  # nothing to bound
