@@ -60,6 +60,8 @@ import torch
 from ..engine.state import KeyState
 from ..runtime.collectives import Collectives
 from ..runtime.compat import (
+    Described,
+    LaunchSpec,
     SignatureUnknown,
     compile_only,
     config_failure_reason,
@@ -353,210 +355,27 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     than compiling it here. Here compile: the configs no worker can take (compat.describe_compile says why),
     every config when there is no pool, and, while no worker is ready yet, one config at a time (HERE_SLOT;
     the config an execution waits for does not wait for the slot)."""
-    out = Batch()
     if not indices:
-        return out
-    first = indices[0] if on_ready is not None else None  # what a waiting execution runs first
-
-    gate_places: dict[int, Place] = {}
-
-    def stepped_out(i: int) -> Any:
-        """Config i's gate place given back while it waits for another compile of its binary (Place)."""
-        place = gate_places.get(i)
-        return place.stepped_out() if place is not None else nullcontext()
-
-    def enter_gate(i: int) -> Place:
-        place = gate_places[i] = GATE.enter(i == first, threads, len(state.configs) + (1 << 30 if later else 0))
-        return place
-
-    def compiled(i: int, seconds: float) -> None:
-        out.compile_s[i] = COMPILED_S[id(state.autotuner), id(state.configs[i])] = seconds
-
-    def here(i: int) -> Any:
-        began = time.perf_counter()
-        kernel = compile_only(state.autotuner, [state.configs[i]], args, kwargs)[0]
-        compiled(i, time.perf_counter() - began)
-        out.places[i] = HERE
-        return kernel
-
-    def by_worker(i: int, spec: Any) -> tuple[bool, str | None]:
-        """(True, failure) once a worker or this process took config i; (False, None): compile it here."""
-        assert pool is not None
-        while pool.usable(spec):
-            if stop is not None and stop.is_set():
-                return True, STOPPED
-            if _EXITING.is_set():
-                return True, EXIT_REASON
-            # The config an execution waits for takes the next worker to be free, ahead of every other config, and
-            # compiles here only if none is free within FIRST_WAIT_S (at once while none is ready: at a cold start):
-            # compiling here, under the GIL beside the execution, took FLA's large chunk_bwd_kernel_dqkwg config
-            # 7.3 s against 3.8 s in a worker.
-            waited = time.perf_counter()
-            acquired = (pool.acquire(FIRST_WAIT_S if pool.ready() else 0.0, urgent=True)
-                        if i == first and not pool.forking() else pool.acquire(POLL_S))
-            out.add("wait_s", time.perf_counter() - waited)
-            if acquired is None and i == first:
-                return False, None
-            if acquired is not None:
-                outcome = pool.run(acquired, spec, timeout_s, give_up=straggling if budgeted else None)
-                if outcome is None:
-                    return False, None  # the worker could not rebuild the kernel: here, counted
-                compiled(i, outcome.seconds)
-                out.add("worker_s", outcome.seconds)
-                if outcome.failure is not None:
-                    return True, outcome.failure  # never compiled here: it may hang or crash this process
-                out.places[i] = WORKER
-                return False, None
-            if pool.ready() == 0 or not pool.live():
-                if not pool.live():
-                    return False, None
-                if not pool.forking() and HERE_SLOT.try_take():
-                    try:
-                        here(i)
-                    finally:
-                        HERE_SLOT.give_back()
-                    return True, None
-        return False, None
-
-    def one(i: int) -> tuple[Any, str | None]:
-        entered = time.perf_counter()  # its place in the gate taken: it starts to be described
-        try:
-            return settle(i)
-        finally:
-            out.spans[i] = (entered, time.perf_counter())
-
-    def settle(i: int) -> tuple[Any, str | None]:
-        if device is not None:
-            torch.cuda.set_device(device)  # Triton picks the target from this thread's current device
-        if stop is not None and stop.is_set():
-            return None, STOPPED
-        claimed = None  # the binary this thread compiles for every caller in this process (IN_FLIGHT)
-        node_lock: int | None = None  # ... and for the node's other processes (NODE_CLAIMS), while it compiles
-        try:
-            if not interpret_mode():  # (the interpreter compiles nothing: no cache to find, nothing to describe)
-                began = time.perf_counter()
-                described = describe_compile(state.autotuner, state.configs[i], args, kwargs, ship=pool is not None)
-                out.add("describe_s", time.perf_counter() - began)
-                while described.spec is not None and pool is not None and claimed is None:
-                    binary = described.spec.binary_key()
-                    under_way = IN_FLIGHT.claim(binary)
-                    if under_way is None:
-                        claimed = binary
-                    else:  # compiling for another key or batch now: wait, then find it in the cache; it fails as
-                        # it failed there, and if it was given back unfinished (stopped), this config claims it
-                        with stepped_out(i):
-                            IN_FLIGHT.wait(under_way, stop)
-                        if (stop is not None and stop.is_set()) or _EXITING.is_set():
-                            return None, EXIT_REASON if _EXITING.is_set() else STOPPED
-                        if under_way.failure is not None:
-                            return None, under_way.failure
-                        described = describe_compile(state.autotuner, state.configs[i], args, kwargs, ship=True)
-                # ... and node-wide (NodeClaims), except the config an execution waits for: it never waits for
-                # another rank's compile. A binary another rank compiled is in the cache after; one it did not
-                # (it failed there, or the wait ran out) this process compiles itself.
-                if claimed is not None and described.spec is not None and i != first:
-                    cache_dir = described.spec.cache_dir
-                    held = NODE_CLAIMS.take(claimed, cache_dir)
-                    if held is NodeClaims.BUSY:
-                        with stepped_out(i):
-                            NODE_CLAIMS.wait(claimed, cache_dir, timeout_s, stop)
-                        if (stop is not None and stop.is_set()) or _EXITING.is_set():
-                            return None, EXIT_REASON if _EXITING.is_set() else STOPPED
-                        described = describe_compile(state.autotuner, state.configs[i], args, kwargs, ship=True)
-                        held = NODE_CLAIMS.take(claimed, cache_dir) if described.spec is not None else None
-                    node_lock = held if isinstance(held, int) else None
-                if described.cached:
-                    out.places[i] = CACHE
-                    if (seconds := COMPILED_S.get((id(state.autotuner), id(state.configs[i])))) is not None:
-                        compiled_elsewhere_s[i] = seconds
-                elif described.spec is not None and pool is not None:
-                    _, failure = by_worker(i, described.spec)
-                    if failure is not None:
-                        if claimed is not None and failure is not EXIT_REASON and failure != STOPPED:
-                            IN_FLIGHT.release(claimed, failure)  # the binary's own failure: its waiters' too
-                            claimed = None
-                        return None, failure
-                elif described.reason is not None and pool is not None:
-                    out.undescribed[i] = described.reason
-            # The waited-for config compiling here holds HERE_SLOT if it is free: no other config joins it under
-            # the GIL while the execution waits for it.
-            slot = i == first and i not in out.places and HERE_SLOT.try_take()
-            began = time.perf_counter()
-            try:
-                kernel = compile_only(state.autotuner, [state.configs[i]], args, kwargs)[0]
-            finally:
-                if slot:
-                    HERE_SLOT.give_back()
-            out.add("parent_s", time.perf_counter() - began)
-            if i not in out.places:  # compiled by that launch, on this thread
-                out.places[i] = HERE
-                compiled(i, time.perf_counter() - began)
-            if out.first_s is None:
-                out.first_s = time.perf_counter() - started
-            if on_ready is not None:
-                on_ready(i)
-            return kernel, None
-        except SignatureUnknown as e:
-            out.skipped[i] = f"not precompiled: {e}; it compiles at its first launch"
-            return None, None
-        except Exception as e:
-            reason = config_failure_reason(e)
-            if reason is None:
-                raise
-            return None, reason
-        finally:
-            if node_lock is not None:
-                NODE_CLAIMS.release(node_lock)
-            if claimed is not None:
-                IN_FLIGHT.release(claimed)
-
-    if device is None:
-        device = _device()
-    started = time.perf_counter()
+        return Batch()
     if pool is not None:
         threads = max(threads, pool.size + 1)  # one thread per worker keeps every worker busy, one compiles here
-    limit_s = timeout_s + (WORKER_GRACE_S if pool else 0.0)
-    budgeted = math.isfinite(stragglers) and len(indices) > 1
-
-    # Configs another key's batch compiled (this one waited for it, or found it in the cache after): they count
-    # towards the half that arms the straggler cutoff, as this batch's own compiles do. Two keys of one kernel
-    # that split the rung's binaries between them each saw only their own half otherwise, and neither cut its
-    # straggler off.
-    compiled_elsewhere_s: dict[int, float] = {}
-
-    half = max(2, (len(indices) + 1) // 2)
-
-    def cutoff() -> float:
-        """`stragglers` times the batch's median compile: its half-th fastest, once half of it has compiled. The
-        configs compiled first are the fastest when they start at once or cheapest first (compile_order), so this
-        is the batch's median, not the median of the half compiled so far (its 25th percentile)."""
-        # (copies: compile threads add to them meanwhile)
-        seconds = sorted({**dict(compiled_elsewhere_s), **dict(out.compile_s)}.values())
-        return stragglers * seconds[half - 1] if len(seconds) >= half else math.inf
-
-    def straggler_reason(seconds: float) -> str:
-        return (f"not explored: still compiling after {seconds:.2g} s, {stragglers:g}x the median compile of the "
-                "budget's first rung (it does not wait for stragglers)")
-
-    def straggling(waited_s: float) -> str | None:
-        """A worker's compile past the cutoff: given up on, its worker killed (no thread is left waiting on it)."""
-        limit = cutoff()
-        return straggler_reason(limit) if waited_s >= limit else None
-
-    if math.isinf(limit_s) and not budgeted and (threads <= 1 or len(indices) <= 1):
-        results = {i: one(i) if not _EXITING.is_set() else (None, EXIT_REASON) for i in indices}  # nothing to bound
+    job = _BatchCompile(state, indices, args, kwargs, threads, timeout_s, pool,
+                        device if device is not None else _device(), on_ready, stop, later, stragglers)
+    out, limit_s = job.out, timeout_s + (WORKER_GRACE_S if pool else 0.0)
+    if math.isinf(limit_s) and not job.budgeted and (threads <= 1 or len(indices) <= 1):
+        results = {i: job.one(i) if not _EXITING.is_set() else (None, EXIT_REASON) for i in indices}  # no bound
     else:
-        done, late = run_with_deadline(indices, one, threads, limit_s,
-                                       gate=None if not gated else enter_gate,
+        done, late = run_with_deadline(indices, job.one, threads, limit_s,
+                                       gate=job.enter_gate if gated else None,
                                        # (a worker's compile is given up on in pool.run, which kills the worker;
                                        # the thread is abandoned only for a compile in this process)
-                                       cutoff=(lambda: cutoff() + (GIVE_UP_GRACE_S if pool else 0.0))
-                                       if budgeted else None)
-        results = {i: r for i, r in done.items()}
-        straggled = cutoff() if budgeted else math.inf
+                                       cutoff=(lambda: job.cutoff() + (GIVE_UP_GRACE_S if pool else 0.0))
+                                       if job.budgeted else None)
+        results = dict(done)
+        straggled = job.cutoff() if job.budgeted else math.inf
         for i in late:
             results[i] = (None, EXIT_REASON if _EXITING.is_set() else Excluding(
-                straggler_reason(straggled) if straggled < limit_s else
+                job.straggler_reason(straggled) if straggled < limit_s else
                 f"compile timeout: compiling this config took longer than {timeout_s:g} s, so it was abandoned "
                 "(raise compile_timeout_s or TRITON_CTX_TUNE_COMPILE_TIMEOUT if it is just slow)"))
     out.kernels = {i: k for i, (k, r) in results.items() if r is None and i not in out.skipped}
@@ -570,6 +389,232 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     out.by_workers = sorted(i for i, p in out.places.items() if p == WORKER)
     out.ended = time.perf_counter()
     return out
+
+
+@dataclass
+class _Held:
+    """What one config's thread holds while its worker compiles the binary (released when the config settles)."""
+    binary: Any = None  # claimed in this process (IN_FLIGHT): other keys' configs of the same binary wait for it
+    node_lock: int | None = None  # ... and on the node (NODE_CLAIMS): other ranks' configs wait for it
+
+    def release(self) -> None:
+        if self.node_lock is not None:
+            NODE_CLAIMS.release(self.node_lock)
+            self.node_lock = None
+        if self.binary is not None:
+            IN_FLIGHT.release(self.binary)
+            self.binary = None
+
+
+class _BatchCompile:
+    """The state that one _compile call's threads share: each runs one() for a config at a time."""
+
+    def __init__(self, state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
+                 timeout_s: float, pool: WorkerPool | None, device: int | None,
+                 on_ready: Callable[[int], None] | None, stop: threading.Event | None, later: bool,
+                 stragglers: float) -> None:
+        self.state, self.args, self.kwargs, self.threads = state, args, kwargs, threads
+        self.timeout_s, self.pool, self.device, self.on_ready, self.stop = timeout_s, pool, device, on_ready, stop
+        self.later, self.stragglers = later, stragglers
+        self.out = Batch()
+        self.first = indices[0] if on_ready is not None else None  # what a waiting execution runs first
+        self.started = time.perf_counter()
+        self.budgeted = math.isfinite(stragglers) and len(indices) > 1
+        self.half = max(2, (len(indices) + 1) // 2)
+        self.gate_places: dict[int, Place] = {}
+        # Configs another key's batch compiled (this one waited for it, or found it in the cache after): they count
+        # towards the half that arms the straggler cutoff, as this batch's own compiles do. Two keys of one kernel
+        # that split the rung's binaries between them each saw only their own half otherwise, and neither cut its
+        # straggler off.
+        self.compiled_elsewhere_s: dict[int, float] = {}
+
+    # ---- the gate, and the straggler cutoff ----------------------------------------------------------------
+
+    def enter_gate(self, i: int) -> Place:
+        place = self.gate_places[i] = GATE.enter(i == self.first, self.threads,
+                                                 len(self.state.configs) + (1 << 30 if self.later else 0))
+        return place
+
+    def _stepped_out(self, i: int) -> Any:
+        """Config i's gate place given back while it waits for another compile of its binary (Place)."""
+        place = self.gate_places.get(i)
+        return place.stepped_out() if place is not None else nullcontext()
+
+    def cutoff(self) -> float:
+        """`stragglers` times the batch's median compile: its half-th fastest, once half of it has compiled. The
+        configs compiled first are the fastest when they start at once or cheapest first (compile_order), so this
+        is the batch's median, not the median of the half compiled so far (its 25th percentile)."""
+        # (copies: compile threads add to them meanwhile)
+        seconds = sorted({**dict(self.compiled_elsewhere_s), **dict(self.out.compile_s)}.values())
+        return self.stragglers * seconds[self.half - 1] if len(seconds) >= self.half else math.inf
+
+    def straggler_reason(self, seconds: float) -> str:
+        return (f"not explored: still compiling after {seconds:.2g} s, {self.stragglers:g}x the median compile of "
+                "the budget's first rung (it does not wait for stragglers)")
+
+    def _straggling(self, waited_s: float) -> str | None:
+        """A worker's compile past the cutoff: given up on, its worker killed (no thread is left waiting on it)."""
+        limit = self.cutoff()
+        return self.straggler_reason(limit) if waited_s >= limit else None
+
+    # ---- one config ---------------------------------------------------------------------------------------
+
+    def one(self, i: int) -> tuple[Any, str | None]:
+        """(config i's kernel, None) once compiled, else (None, why not)."""
+        entered = time.perf_counter()  # its place in the gate taken: it starts to be described
+        try:
+            return self._settle(i)
+        finally:
+            self.out.spans[i] = (entered, time.perf_counter())
+
+    def _halted(self) -> str | None:
+        if _EXITING.is_set():
+            return EXIT_REASON
+        return STOPPED if self.stop is not None and self.stop.is_set() else None
+
+    def _describe(self, i: int, ship: bool = True) -> Described:
+        return describe_compile(self.state.autotuner, self.state.configs[i], self.args, self.kwargs, ship=ship)
+
+    def _compiled(self, i: int, seconds: float) -> None:
+        self.out.compile_s[i] = COMPILED_S[id(self.state.autotuner), id(self.state.configs[i])] = seconds
+
+    def _settle(self, i: int) -> tuple[Any, str | None]:
+        out, pool = self.out, self.pool
+        if self.device is not None:
+            torch.cuda.set_device(self.device)  # Triton picks the target from this thread's current device
+        if self.stop is not None and self.stop.is_set():
+            return None, STOPPED
+        held = _Held()
+        try:
+            if not interpret_mode():  # (the interpreter compiles nothing: no cache to find, nothing to describe)
+                began = time.perf_counter()
+                described = self._describe(i, ship=pool is not None)
+                out.add("describe_s", time.perf_counter() - began)
+                if described.spec is not None and pool is not None:
+                    described, halted = self._claim(i, described, held)
+                    if halted is not None:
+                        return None, halted
+                if described.cached:
+                    out.places[i] = CACHE
+                    if (seconds := COMPILED_S.get((id(self.state.autotuner), id(self.state.configs[i])))) is not None:
+                        self.compiled_elsewhere_s[i] = seconds
+                elif described.spec is not None and pool is not None:
+                    failure = self._by_worker(i, described.spec)
+                    if failure is not None:
+                        if held.binary is not None and failure is not EXIT_REASON and failure != STOPPED:
+                            IN_FLIGHT.release(held.binary, failure)  # the binary's own failure: its waiters' too
+                            held.binary = None
+                        return None, failure
+                elif described.reason is not None and pool is not None:
+                    out.undescribed[i] = described.reason
+            # The waited-for config compiling here holds HERE_SLOT if it is free: no other config joins it under
+            # the GIL while the execution waits for it.
+            slot = i == self.first and i not in out.places and HERE_SLOT.try_take()
+            began = time.perf_counter()
+            try:
+                kernel = compile_only(self.state.autotuner, [self.state.configs[i]], self.args, self.kwargs)[0]
+            finally:
+                if slot:
+                    HERE_SLOT.give_back()
+            out.add("parent_s", time.perf_counter() - began)
+            if i not in out.places:  # compiled by that launch, on this thread
+                out.places[i] = HERE
+                self._compiled(i, time.perf_counter() - began)
+            if out.first_s is None:
+                out.first_s = time.perf_counter() - self.started
+            if self.on_ready is not None:
+                self.on_ready(i)
+            return kernel, None
+        except SignatureUnknown as e:
+            out.skipped[i] = f"not precompiled: {e}; it compiles at its first launch"
+            return None, None
+        except Exception as e:
+            reason = config_failure_reason(e)
+            if reason is None:
+                raise
+            return None, reason
+        finally:
+            held.release()
+
+    def _claim(self, i: int, described: Described, held: _Held) -> tuple[Described, str | None]:
+        """Claim config i's binary, in this process (IN_FLIGHT) and then on the node (NODE_CLAIMS), into `held`;
+        where another key, batch or rank compiles it now, wait for that compile (out of the gate) and describe it
+        again: it is in the cache then. (What describes it now, why this config stops: exiting, stopped, or the
+        binary's failure in this process.)"""
+        while described.spec is not None and held.binary is None:
+            binary = described.spec.binary_key()
+            under_way = IN_FLIGHT.claim(binary)
+            if under_way is None:
+                held.binary = binary
+                break
+            # Compiling for another key or batch now: wait, then find it in the cache; it fails as it failed there,
+            # and if it was given back unfinished (stopped), this config claims it.
+            with self._stepped_out(i):
+                IN_FLIGHT.wait(under_way, self.stop)
+            if (halted := self._halted()) is not None:
+                return described, halted
+            if under_way.failure is not None:
+                return described, under_way.failure
+            described = self._describe(i)
+        # Node-wide, except the config an execution waits for: it never waits for another rank's compile. A binary
+        # another rank compiled is in the cache after; one it did not (it failed there, or the wait ran out) this
+        # process compiles itself.
+        if held.binary is None or described.spec is None or i == self.first:
+            return described, None
+        cache_dir = described.spec.cache_dir
+        taken = NODE_CLAIMS.take(held.binary, cache_dir)
+        if taken is NodeClaims.BUSY:
+            with self._stepped_out(i):
+                NODE_CLAIMS.wait(held.binary, cache_dir, self.timeout_s, self.stop)
+            if (halted := self._halted()) is not None:
+                return described, halted
+            described = self._describe(i)
+            taken = NODE_CLAIMS.take(held.binary, cache_dir) if described.spec is not None else None
+        held.node_lock = taken if isinstance(taken, int) else None
+        return described, None
+
+    def _by_worker(self, i: int, spec: LaunchSpec) -> str | None:
+        """Config i by a compile worker: why it failed there (never compiled here: it may hang or crash this
+        process), else None, and out.places says whether a worker compiled it (else the caller compiles it here)."""
+        pool, out = self.pool, self.out
+        assert pool is not None
+        while pool.usable(spec):
+            if (halted := self._halted()) is not None:
+                return halted
+            # The config an execution waits for takes the next worker to be free, ahead of every other config, and
+            # compiles here only if none is free within FIRST_WAIT_S (at once while none is ready: at a cold start):
+            # compiling here, under the GIL beside the execution, took FLA's large chunk_bwd_kernel_dqkwg config
+            # 7.3 s against 3.8 s in a worker.
+            waited = time.perf_counter()
+            acquired = (pool.acquire(FIRST_WAIT_S if pool.ready() else 0.0, urgent=True)
+                        if i == self.first and not pool.forking() else pool.acquire(POLL_S))
+            out.add("wait_s", time.perf_counter() - waited)
+            if acquired is None and i == self.first:
+                return None
+            if acquired is not None:
+                outcome = pool.run(acquired, spec, self.timeout_s,
+                                   give_up=self._straggling if self.budgeted else None)
+                if outcome is None:
+                    return None  # the worker could not rebuild the kernel: here, counted
+                self._compiled(i, outcome.seconds)
+                out.add("worker_s", outcome.seconds)
+                if outcome.failure is not None:
+                    return outcome.failure
+                out.places[i] = WORKER
+                return None
+            if pool.ready() == 0 or not pool.live():
+                if not pool.live():
+                    return None
+                if not pool.forking() and HERE_SLOT.try_take():
+                    try:
+                        began = time.perf_counter()
+                        compile_only(self.state.autotuner, [self.state.configs[i]], self.args, self.kwargs)
+                        self._compiled(i, time.perf_counter() - began)
+                        out.places[i] = HERE
+                    finally:
+                        HERE_SLOT.give_back()
+                    return None
+        return None
 
 
 def _load(kernels: dict[int, Any]) -> dict[int, str]:
