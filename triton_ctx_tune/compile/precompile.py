@@ -13,8 +13,9 @@ HERE_SLOT; and the config an execution waits for, at once), the config an execut
 no worker is free within FIRST_WAIT_S (it takes the next free worker ahead of the others), a config
 it cannot describe, compile_workers=0, or the interpreter. Each config's place (workers, here, cache)
 and compile time go to the precompile event. A binary that another key or batch of this process is compiling
-now is waited for and loaded from the cache, not compiled again beside it (IN_FLIGHT). A rank whose share is
-done goes on, until the step's end, with the
+now is waited for and loaded from the cache, not compiled again beside it (IN_FLIGHT), and so is one that
+another process of the node is compiling (NODE_CLAIMS, a lock file per binary); a config waiting so gives its
+place in the compile gate back meanwhile. A rank whose share is done goes on, until the step's end, with the
 other local ranks' configs (stolen: they only warm the shared cache). Ranks on
 one node split the configs (config i goes to local rank i % local_world) and meet in one bounded
 all-gather, after which each loads the others' binaries from the shared Triton cache; a second
