@@ -477,7 +477,11 @@ class _BatchCompile:
         return describe_compile(self.state.autotuner, self.state.configs[i], self.args, self.kwargs, ship=ship)
 
     def _compiled(self, i: int, seconds: float) -> None:
-        self.out.compile_s[i] = COMPILED_S[id(self.state.autotuner), id(self.state.configs[i])] = seconds
+        self.out.compile_s[i] = COMPILED_S[self._compiled_key(i)] = seconds
+
+    def _compiled_key(self, i: int) -> tuple[int, int]:
+        """Config i's key in COMPILED_S."""
+        return id(self.state.autotuner), id(self.state.configs[i])
 
     def _settle(self, i: int) -> tuple[Any, str | None]:
         out, pool = self.out, self.pool
@@ -497,7 +501,7 @@ class _BatchCompile:
                         return None, halted
                 if described.cached:
                     out.places[i] = CACHE
-                    if (seconds := COMPILED_S.get((id(self.state.autotuner), id(self.state.configs[i])))) is not None:
+                    if (seconds := COMPILED_S.get(self._compiled_key(i))) is not None:
                         self.compiled_elsewhere_s[i] = seconds
                 elif described.spec is not None and pool is not None:
                     failure = self._by_worker(i, described.spec)
