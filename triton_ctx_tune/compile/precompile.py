@@ -661,12 +661,14 @@ class CompileGate:
         is idempotent: a compile abandoned at its deadline gives its place back, while its thread may never end.
         At exit it returns at once, without a place (its caller compiles nothing)."""
         place = Place(self if not first else None, width)
-        if first or not self._take(width, (size, next(self._tickets))):
+        if first or not self.take(width, size):
             place.held = False
         return place
 
-    def _take(self, width: int, ticket: tuple[int, int]) -> bool:
-        """Wait for a place in ticket order; False at exit (no place taken)."""
+    def take(self, width: int, size: int) -> bool:
+        """Wait for a place, in order of `size` (-1: ahead of every config queued), then of asking; False at
+        exit (no place taken)."""
+        ticket = (size, next(self._tickets))
         with self._cond:
             heapq.heappush(self._waiting, ticket)
             self._cond.wait_for(lambda: _EXITING.is_set()
@@ -681,7 +683,8 @@ class CompileGate:
             self._cond.notify_all()  # the next ticket may have a place too
             return True
 
-    def _give(self) -> None:
+    def give(self) -> None:
+        """Give back a place that take() returned."""
         with self._cond:
             self._rest -= 1
             self._cond.notify_all()
@@ -710,7 +713,7 @@ class Place:
             self._closed = True
             held, self.held = self.held, False
         if held and self._gate is not None:
-            self._gate._give()
+            self._gate.give()
 
     @contextmanager
     def stepped_out(self) -> Iterator[None]:
@@ -720,16 +723,16 @@ class Place:
         if not held or self._gate is None:
             yield
             return
-        self._gate._give()
+        self._gate.give()
         try:
             yield
         finally:
-            if self._gate._take(self._width, (-1, next(self._gate._tickets))):
+            if self._gate.take(self._width, -1):
                 with self._lock:
                     keep = not self._closed
                     self.held = keep
                 if not keep:  # abandoned meanwhile: nobody will release it
-                    self._gate._give()
+                    self._gate.give()
 
 
 GATE = CompileGate()
