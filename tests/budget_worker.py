@@ -69,6 +69,33 @@ def scenario_budget_continue() -> dict[str, Any]:
     return {"first": first, "second": second}
 
 
+def scenario_budget_shared_waves() -> dict[str, Any]:
+    """Two keys whose rungs compile in one step, each budget paying for one wave (bk.OneWave): rank 0 cuts the
+    rungs to it, and the broadcast makes the cut rungs every rank's."""
+    from triton_ctx_tune.engine import executor
+
+    executor.BudgetSearch = bk.OneWave  # type: ignore[misc]  (this rank's process only)
+    logs = Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"] + "-shared")
+    size = {"n": 0}
+    kernel = bk.make_kernel(lambda p: _ripple(p) + (bk.elsewhere(p) if size["n"] == 512 else 0.0))
+
+    @contextual_autotune(is_dist=True, n_warmup=1, n_repeat=3, budget=600.0, log_dir=str(logs), cache=False)
+    def fn(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        for t in (x, y):
+            size["n"] = t.numel()
+            kernel[lambda meta, t=t: (triton.cdiv(t.numel(), meta["BLOCK_M"]),)](t, t.numel())
+        dist.all_reduce(x)
+        return x, y
+
+    fn(torch.zeros(256, device=DEVICE), torch.zeros(512, device=DEVICE))
+    events = [json.loads(line) for line in (logs / f"rank-{dist.get_rank()}.jsonl").read_text().splitlines()]
+    rungs = [e for e in events if e["event"] == "rung"]
+    return {"rungs": [(e["key"][0], e["configs"]) for e in rungs], "executions": fn.last_call.executions,
+            "winners": sorted(str(bk.point_of(c)) for c in autotuner(kernel).cache.values()),
+            "shared": bk.shared_waves(rungs) if dist.get_rank() == 0 else None,
+            "left_out": sum(e["wave"]["left_out"] for e in rungs if e["wave"])}
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 if __name__ == "__main__":

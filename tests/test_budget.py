@@ -131,9 +131,9 @@ def test_a_seconds_budget_with_compile_workers_explores_in_rungs_as_wide_as_the_
     # left, less the finalists' 9 slots, buy 5 such rungs; with 0.5 s more, a last one of 8 configs as well.
     wide.note_compiles({0: 0.5, 1: 0.8, 2: 0.6})
     wide.step_s = 0.02
-    assert wide._explorable_now(2.0) == 5 * 16
+    assert wide.explorable_now(2.0) == 5 * 16
     wide.limit = 10.5
-    assert wide._explorable_now(2.0) == 5 * 16 + 8
+    assert wide.explorable_now(2.0) == 5 * 16 + 8
     wide.limit = 10.0
     rung = wide.next_rung(times, 2.0, 0.02)
     assert len(rung) == 16 and not set(rung) & set(first)
@@ -151,7 +151,7 @@ def test_a_seconds_budget_with_compile_workers_explores_in_rungs_as_wide_as_the_
     narrow = BudgetSearch(configs, "seconds", 10.0, n_repeat=3)
     assert len(narrow.first_rung()) == 8
     narrow.apply(first)
-    left = narrow._explorable_now(2.0)
+    left = narrow.explorable_now(2.0)
     assert left == int((8.0 - 9 * 2.0 / 32) // (2.0 / 16))
     assert len(narrow.next_rung(times, 2.0)) == -(-left // 4)
 
@@ -224,8 +224,8 @@ def test_bad_budgets_say_how_to_write_one(value):
 def test_every_rank_follows_rank_0s_rungs_and_budget(world, tmp_path):
     from tests.test_dist import run_ranks
 
-    results = run_ranks(world, ["budget_executions", "budget_seconds", "budget_continue"], tmp_path,
-                        worker="budget_worker.py")
+    results = run_ranks(world, ["budget_executions", "budget_seconds", "budget_continue", "budget_shared_waves"],
+                        tmp_path, worker="budget_worker.py")
     for name in ("budget_executions", "budget_seconds"):
         rows = results[name]
         for row in rows:
@@ -246,6 +246,14 @@ def test_every_rank_follows_rank_0s_rungs_and_budget(world, tmp_path):
     assert record["continued"] and len(record["explored"]) == 45
     # New configs, not repeats: 25 new ones and the earlier run's best 3 as anchors.
     assert rows[0]["second"]["explored_here"] == 25 + 3
+    # Rank 0's cut of two keys' rungs to one wave of binaries is every rank's (its clock alone priced it).
+    rows = results["budget_shared_waves"]
+    for row in rows:
+        assert "error" not in row, row.get("traceback")
+    for f in ("rungs", "executions", "winners"):
+        assert all(row[f] == rows[0][f] for row in rows), (f, [row[f] for row in rows])
+    assert rows[0]["shared"] and all(step["binaries"] <= step["cap"] == bk.WAVE for step in rows[0]["shared"])
+    assert rows[0]["left_out"] > 0 and all(row["left_out"] == 0 for row in rows[1:])  # rank 0's own reading
 
 
 def test_the_report_lists_only_the_explored_configs_and_says_how_many(tmp_path):
@@ -358,3 +366,65 @@ def test_new_rungs_compile_in_a_step_of_their_own_and_decide_as_before(tmp_path,
     compile_steps = len({before_step for before_step in
                          (max(e["step"] for e in events[:i] if e["event"] == "slot") for i, _ in later)})
     assert staged.executions == plain.executions + compile_steps
+
+
+def test_two_keys_rungs_that_compile_in_one_step_bring_only_the_binaries_their_budgets_pay_for(tmp_path, monkeypatch):
+    """Two seconds-budgeted keys of one kernel decide their rungs in the same steps, and the rungs compile together:
+    a config either key launched is compiled for both. Each key's budget pays for one wave of WAVE binaries
+    (bk.OneWave); its own rung is that wide, so the two rungs together brought up to twice that, and the step cost
+    two waves where each key priced one. Now rank 0 cuts them to what the budgets pay for, and every rung keeps at
+    least two configs. A cut rung takes the slots it lost as more timed slots of what it kept, so the keys still
+    end their rungs in the same step and share the next one's compiles too."""
+    from triton_ctx_tune.engine import executor
+
+    monkeypatch.setattr(executor, "BudgetSearch", bk.OneWave)
+    size = {"n": 0}
+    kernel = bk.make_kernel(lambda p: bk.elsewhere(p) if size["n"] == 512 else 0.0)
+
+    @contextual_autotune(budget=600.0, cache=False, log_dir=str(tmp_path / "logs"), **FAST)
+    def fn(x, y):
+        for t in (x, y):
+            size["n"] = t.numel()
+            kernel[lambda meta, t=t: (triton.cdiv(t.numel(), meta["BLOCK_M"]),)](t, t.numel())
+        return x, y
+
+    x, y = torch.zeros(256, device=DEVICE), torch.zeros(512, device=DEVICE)
+    fn(x, y)
+    assert torch.equal(x, torch.full_like(x, fn.last_call.executions))
+    rungs = _events(tmp_path, "rung")
+    shared = bk.shared_waves(rungs)
+    # Rungs 2 and 3 of each key (the first is the spread, planned before any step): 8 configs explored, then 8 more
+    # per rung until EXPLORE, in the same steps.
+    assert len(shared) == (bk.EXPLORE - bk.WAVE) // bk.WAVE + 1, shared
+    for step in shared:
+        assert step["cap"] == bk.WAVE and step["binaries"] <= bk.WAVE, shared
+        assert min(step["sizes"]) >= 2 and len(set(step["slots"])) == 1, shared  # in step: the same slots
+    assert any(sum(step["left_out"]) for step in shared)  # the cut happened: apart, they brought more
+    assert "configs left out: with the other keys' rungs of this step it brings" in \
+        (tmp_path / "logs" / "rank-0.log").read_text()
+    assert sorted(d["key"][0] for d in _events(tmp_path, "decision")) == [256, 512]
+
+
+def test_share_wave_keeps_the_shared_configs_first_then_each_keys_own_in_turn_and_evens_the_slots():
+    from triton_ctx_tune.engine.budget import share_wave
+
+    compiled = {0, 1, 2}
+    a = {9: 1, 10: 1, 11: 1, 12: 1, 0: 2}  # 0: a re-timing, already compiled: it stays
+    b = {20: 1, 10: 1, 21: 1, 22: 1}
+    c = {30: 1, 31: 1, 10: 1, 20: 1}
+    launched = [{0, 1}, {1}, {2}]
+    (ca, cb, cc), binaries = share_wave([a, b, c], launched, compiled, cap=5)
+    # New binaries asked for: 9 10 11 12 20 21 22 30 31 (9 > 5). 10 (three keys) and 20 (two) first, then each
+    # key's own in its rung's order, round-robin: 9, 21, 30.
+    assert binaries == 5
+    assert set(ca) == {10, 9, 0} and set(cb) == {20, 10, 21} and set(cc) == {30, 10, 20}
+    # Every rung takes as many slots as the widest did before the cut (a: 4 warm-ups and 6 timed, 10), the lost
+    # ones as more timed slots of what it kept, round-robin in the rung's order.
+    def slots(rung, mine):
+        return sum(t + (j not in mine) for j, t in rung.items())
+    assert [slots(r, m) for r, m in zip((ca, cb, cc), launched)] == [10, 10, 10]
+    assert ca == {9: 3, 10: 2, 0: 3} and cb == {20: 3, 10: 2, 21: 2}
+    # Within the cap nothing changes; at a cap below two per key, each keeps two anyway.
+    assert share_wave([a, b], launched[:2], compiled, cap=9) == ([a, b], 7)
+    cut, binaries = share_wave([{5: 1, 6: 1, 7: 1}, {8: 1, 9: 1, 10: 1}], [set(), set()], set(), cap=1)
+    assert [sorted(r) for r in cut] == [[5, 6], [8, 9]] and binaries == 4

@@ -151,6 +151,9 @@ class BudgetSearch:
     # The last rung on rank 0's clock: (elapsed seconds when planned, its new configs, its slots).
     _last_rung: tuple[float, int, int] = field(default=(0.0, 0, 0), init=False)
     sibling_room: int = 0  # SIBLING_PICKS once rank 0's next_rung was offered siblings: their slots are kept
+    # Rank 0: how the last rung shared its step's compiles with other keys' rungs (decisions._share_waves): how many
+    # rungs, the new binaries they bring together, the cap, and how many configs of this rung it left out.
+    wave: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         assert self.measure in MEASURES
@@ -162,7 +165,7 @@ class BudgetSearch:
         self._mindist = [math.inf] * len(self.configs)
         for i in self.prior.explored if self.prior is not None else ():
             self._note_explored(i)
-        self.explore_total = self._explorable_now(0.0)
+        self.explore_total = self.explorable_now(0.0)
 
     # ---- budget ---------------------------------------------------------------------------------
 
@@ -186,7 +189,7 @@ class BudgetSearch:
         sibling keys are known (rank 0's next_rung notes it)."""
         return self._retime_slots() + 2 * self.sibling_room
 
-    def _explorable_now(self, elapsed_s: float) -> int:
+    def explorable_now(self, elapsed_s: float) -> int:
         """How many new configs the budget still allows (rank 0's view for seconds)."""
         left = self.limit - self.spent(elapsed_s)[self.measure]
         if self.measure == "compiles":
@@ -425,7 +428,7 @@ class BudgetSearch:
         now = self.current_times(times)
         ranked = self.ranked(now)
         if self.phase == "explore":
-            left = min(self._explorable_now(elapsed_s), len(self._unexplored()))
+            left = min(self.explorable_now(elapsed_s), len(self._unexplored()))
             if left > 0:
                 # Counted budgets: rungs of an eighth of what they may explore; seconds: as wide as the compile
                 # workers (each rung costs about one compile's wall time), else a quarter of what is left at each
@@ -535,6 +538,48 @@ class BudgetSearch:
                 "explored": explored, "rungs": len(self.rungs), "finalists": self.finalists,
                 "decided_by_budget": decided_by_budget, "continued": self.prior is not None,
                 "space": self.n}
+
+
+def share_wave(rungs: list[dict[int, int]], launched: list[set[int]], compiled: set[int],
+               cap: int) -> tuple[list[dict[int, int]], int]:
+    """Rank 0: the exploring rungs that several seconds-budgeted keys of one kernel decided in the same step, cut
+    so that together they bring at most `cap` new binaries (the configs the most constrained key's budget pays
+    for, priced in waves of its workers). They compile in one step (executor.prefetch), and a config any of the
+    keys launched is a cache hit for the others (shapes that specialize alike), so the step costs the union's
+    waves, while each key priced its own rung alone: three GEMM keys' third rungs of 32 brought 65 binaries to 32
+    workers (in the replay of RESULTS section 29's call 3 with waves 1.25x slower, 9% past the budget).
+
+    `launched`: each rung's key's launched configs; `compiled`: every config any key of the kernel launched. Kept
+    first: configs that several keys asked for, then each key's own in its rung's order, round-robin; a config
+    already compiled always stays, and each key keeps at least two configs of its rung. A cut rung takes the slots
+    it lost as more timed slots of the configs it kept, so that the keys' rungs still end in the same step and
+    share the next one's compiles too. Returns the rungs and how many new binaries they bring."""
+    wanted: dict[int, list[int]] = {}  # new binary -> its places in the rungs that ask for it
+    for rung in rungs:
+        for place, j in enumerate(j for j in rung if j not in compiled):
+            wanted.setdefault(j, []).append(place)
+    if len(wanted) <= cap:
+        return rungs, len(wanted)
+    shared = sorted((j for j in wanted if len(wanted[j]) > 1), key=lambda j: (-len(wanted[j]), min(wanted[j]), j))
+    own = _round_robin([[j for j in rung if j in wanted and len(wanted[j]) == 1] for rung in rungs])
+    chosen = set((shared + own)[:cap])
+    for rung in rungs:  # at least two per key: a rung of one config decides nothing
+        for j in [j for j in rung if j not in compiled and j not in chosen][:max(
+                0, min(2, len(rung)) - sum(j in compiled or j in chosen for j in rung))]:
+            chosen.add(j)
+
+    def slots(rung: dict[int, int], mine: set[int]) -> int:
+        return sum(t + (j not in mine) for j, t in rung.items())
+
+    target = max(slots(rung, mine) for rung, mine in zip(rungs, launched))
+    out = []
+    for rung, mine in zip(rungs, launched):
+        kept = {j: t for j, t in rung.items() if j in compiled or j in chosen}
+        order = itertools.cycle(list(kept))
+        for _ in range(target - slots(kept, mine)):
+            kept[next(order)] += 1
+        out.append(kept)
+    return out, len(chosen)
 
 
 def _round_robin(lists: list[list[int]]) -> list[int]:

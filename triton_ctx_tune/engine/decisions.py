@@ -19,7 +19,7 @@ import torch
 from ..errors import NoValidConfigError, NoValidPointError
 from ..runtime.compat import config_str, notify_listener
 from ..tools.logs import fmt_ms
-from .budget import PARENT_BAND
+from .budget import PARENT_BAND, BudgetSearch, share_wave
 from .search import AnyTunable, PointTunable
 from .state import CONFIRM_ROUNDS, RACE_BAND, Choice, KeyState, Tunable, close_candidates, screen, stable_winner
 
@@ -80,6 +80,7 @@ class Decisions:
         # Rank 0 turns the reduced times into a keep-mask per state (a screening pass's survivors,
         # or a one-hot winner); broadcasting it makes every rank's schedule and choice identical.
         keep = torch.zeros((len(finishing), width), dtype=torch.int64)
+        rungs: dict[int, dict[int, int]] = {}  # budgeted keys' next rungs, by row
         for i, s in enumerate(finishing):
             if s.forced:  # the call's budget is spent: the fastest of what was measured (search.force_decide)
                 if (picked := self._forced_pick(s, reduced[i], per_rank[:, i])) is not None:
@@ -92,8 +93,7 @@ class Decisions:
                 compared = self._times(s, reduced[i])
                 rung = s.budget.next_rung(compared, time.perf_counter() - s.started, step_s, self._siblings(s))
                 if rung:
-                    for j, timed in rung.items():
-                        keep[i, j] = BUDGET_CODE + timed
+                    rungs[i] = rung
                 elif (choice := self._budget_choice(s, reduced[i], self._incumbent(s))) is not None:
                     finalists = [j for j in s.budget.pick_finalists(compared) if math.isfinite(compared[j])]
                     if len(finalists) > 1 and self._confirms_end_to_end(s):
@@ -112,6 +112,9 @@ class Decisions:
                     keep[i, close] = CONFIRM_E2E_CODE if end_to_end else CONFIRM_CODE
                 else:
                     keep[i, choice.winner] = TIE_CODES[choice.tie_break]
+        for i, rung in self._share_waves(finishing, rungs).items():
+            for j, timed in rung.items():
+                keep[i, j] = BUDGET_CODE + timed
         keep = svc.comm.broadcast_from_root(keep, "broadcast decisions")
         for i in range(len(finishing)):
             if not bool(keep[i].any()):
@@ -243,10 +246,14 @@ class Decisions:
         svc.log.write("rung", f"rung {_subject(s)} #{len(b.rungs) - 1}: {len(kept)} configs ({len(new)} new), "
                       f"explored {len(b.launched)}/{len(s.configs)}, {b.slots} slots; budget {b.limit:g} {b.measure}, "
                       f"spent {spent[b.measure]:g}"
-                      + (f"; best so far config#{best[1]} {fmt_ms(best[0])}" if best else ""),
+                      + (f"; best so far config#{best[1]} {fmt_ms(best[0])}" if best else "")
+                      + (f"; {b.wave['left_out']} configs left out: with the other keys' rungs of this step it brings "
+                         f"{b.wave['binaries']} new binaries, what the budgets pay for ({b.wave['cap']})"
+                         if b.wave and b.wave["left_out"] else ""),
                       **_subject_fields(s), rung=len(b.rungs) - 1, configs=kept, new=new, slots=b.slots,
                       explored=len(b.launched), measure=b.measure, limit=b.limit, spent=spent,
-                      best=None if best is None else best[1])
+                      best=None if best is None else best[1], wave=b.wave)
+        b.wave = None
 
     def _log_readmit(self, s: Tunable, kept: list[int], times: torch.Tensor) -> None:
         svc = self.services
@@ -301,6 +308,34 @@ class Decisions:
             f"{stay}" + (f"; {out} more than {RACE_BAND:.0%} behind the fastest, {fmt_ms(best)}" if out else ""),
             **_subject_fields(s), stay=stay, out=out, reduced=[float(times[j, 0]) for j in racing],
             rounds_left=s.confirm_left)
+
+    def _share_waves(self, finishing: list[AnyTunable], rungs: dict[int, dict[int, int]]) -> dict[int, dict[int, int]]:
+        """Rank 0: the exploring rungs of several seconds-budgeted keys of one kernel, decided in this step, cut to the
+        new binaries their budgets pay for together (budget.share_wave): they compile in one step, where each key
+        priced its own rung alone. The cap is the most constrained key's explorable configs. Other ranks' rungs are
+        replaced by the broadcast: they leave them, and their logs say nothing of a cut they did not make."""
+        if self.services.comm.rank != 0:
+            return rungs
+        groups: dict[tuple[int, ...], list[tuple[int, KeyState, BudgetSearch]]] = {}
+        for i in rungs:
+            s = finishing[i]
+            assert isinstance(s, KeyState) and s.budget is not None
+            if s.budget.phase == "explore" and s.budget.measure == "seconds" and s.budget.parallel > 1:
+                groups.setdefault(_config_ids(s), []).append((i, s, s.budget))
+        out = dict(rungs)
+        now = time.perf_counter()
+        for group in (group for group in groups.values() if len(group) > 1):
+            ids = _config_ids(group[0][1])  # a config index names the same binary only in the same config list
+            compiled = set().union(*(o.budget.launched for o in self.services.search.kernels.values()
+                                     if o.budget is not None and _config_ids(o) == ids))
+            cap = max(min(search.explorable_now(now - s.started) for _, s, search in group), 2)
+            cut, binaries = share_wave([rungs[i] for i, _, _ in group], [search.launched for _, _, search in group],
+                                       compiled, cap)
+            for (i, _, search), rung in zip(group, cut):
+                search.wave = {"rungs": len(group), "binaries": binaries, "cap": cap,
+                               "left_out": len(rungs[i]) - len(rung)}
+                out[i] = rung
+        return out
 
     def _peer_times(self, s: KeyState, peer: Callable[[KeyState], bool]) -> Iterator[list[float]]:
         """Rank 0's per-launch times (KeyState.launch_times) of the other keys of s's kernel, with s's configs, that
@@ -576,6 +611,11 @@ def _carry_prior(s: KeyState, reduced: torch.Tensor, per_rank: torch.Tensor) -> 
 
 def plain_point(point: dict[str, Any]) -> dict[str, Any]:
     return {str(k): v if isinstance(v, (bool, int, float, str, type(None))) else repr(v) for k, v in point.items()}
+
+
+def _config_ids(s: KeyState) -> tuple[int, ...]:
+    """A key's configs by identity: keys of one kernel whose pruned config lists are the same share indices."""
+    return (id(s.autotuner), *map(id, s.configs))
 
 
 def _subject(s: Tunable) -> str:

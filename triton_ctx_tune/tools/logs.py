@@ -73,7 +73,7 @@ EVENTS: dict[str, EventSpec] = dict([
     _spec("readmit", "configs a split screening dropped, timed in lockstep after all", "kernel", "key", "point",
           "configs", "screen_ms", "lockstep_best", "factor"),
     _spec("rung", "a budgeted search's next rung of configs (engine/budget.py)", "kernel", "key", "point", "rung",
-          "configs", "new", "slots", "explored", "measure", "limit", "spent", "best"),
+          "configs", "new", "slots", "explored", "measure", "limit", "spent", "best", "wave"),
     _spec("call-budget", "a function space's call budget is spent (rank 0's measure): every choice still open is "
           "decided at this step's end on the samples taken", "function", "measure", "limit", "executions", "seconds"),
     _spec("confirm", "a key's close candidates, re-timed interleaved before its decision", "kernel", "key", "point",
