@@ -41,7 +41,8 @@ the configs whose predicted compile (from their weight and the compiles seen so 
 for (on 1152 GEMM configs, rungs priced per config were 2 or 3 configs wide: 16 configs explored in 5.6 s;
 priced at the whole first rung, a slow start left no local rung; priced at the last rung alone, a rung of
 large tiles ran 10% of the sweep to 12.4%). The first rung's precompile leaves out a config still compiling
-after STRAGGLERS times the rung's median compile, once half of it has compiled. Once the seconds are
+after STRAGGLERS times the rung's median compile, once half of it has compiled. Keys of one kernel whose rungs
+compile in one step bring together at most the binaries their budgets pay for (share_wave). Once the seconds are
 spent, the key is decided on the samples it has (no halving or final re-timing). So a seconds budget is
 overrun by at most one rung's misprediction.
 
