@@ -270,7 +270,7 @@ class BudgetSearch:
             if cost[j] + 2 * (len(kept) + 1) * slot > room:
                 break
             kept.append(j)
-        return {j: rung[j] for j in kept}
+        return {j: t for j, t in rung.items() if j in kept}  # in the rung's order: its best candidates first
 
     def _slot_s(self, elapsed_s: float) -> float:
         """What one more slot costs on rank 0: a step's seconds where measured, at most the average slot so far."""
