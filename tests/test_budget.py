@@ -375,9 +375,11 @@ def test_two_keys_rungs_that_compile_in_one_step_bring_only_the_binaries_their_b
     two waves where each key priced one. Now rank 0 cuts them to what the budgets pay for, and every rung keeps at
     least two configs. A cut rung takes the slots it lost as more timed slots of what it kept, so the keys still
     end their rungs in the same step and share the next one's compiles too."""
+    from tests import kernels
     from triton_ctx_tune.engine import executor
 
     monkeypatch.setattr(executor, "BudgetSearch", bk.OneWave)
+    monkeypatch.setattr(kernels, "HOST_COST_SCALE", 10_000.0)  # declared costs, not a loaded machine's, rank configs
     size = {"n": 0}
     kernel = bk.make_kernel(lambda p: bk.elsewhere(p) if size["n"] == 512 else 0.0)
 
@@ -393,9 +395,9 @@ def test_two_keys_rungs_that_compile_in_one_step_bring_only_the_binaries_their_b
     assert torch.equal(x, torch.full_like(x, fn.last_call.executions))
     rungs = _events(tmp_path, "rung")
     shared = bk.shared_waves(rungs)
-    # Rungs 2 and 3 of each key (the first is the spread, planned before any step): 8 configs explored, then 8 more
-    # per rung until EXPLORE, in the same steps.
-    assert len(shared) == (bk.EXPLORE - bk.WAVE) // bk.WAVE + 1, shared
+    # Every exploring rung after the first (the spread, planned before any step) is shared: the keys stay in step
+    # until each has explored EXPLORE configs (a cut rung explores fewer, so there may be more than the 2 uncut).
+    assert len(shared) >= (bk.EXPLORE - bk.WAVE) // bk.WAVE, shared
     for step in shared:
         assert step["cap"] == bk.WAVE and step["binaries"] <= bk.WAVE, shared
         assert min(step["sizes"]) >= 2 and len(set(step["slots"])) == 1, shared  # in step: the same slots
