@@ -405,6 +405,11 @@ def test_two_keys_rungs_that_compile_in_one_step_bring_only_the_binaries_their_b
     assert "configs left out: with the other keys' rungs of this step it brings" in \
         (tmp_path / "logs" / "rank-0.log").read_text()
     assert sorted(d["key"][0] for d in _events(tmp_path, "decision")) == [256, 512]
+    from triton_ctx_tune.tools.report import build, format_report
+    text = format_report(build(tmp_path / "logs"))
+    for n in (256, 512):
+        left_out = sum(r["wave"]["left_out"] for r in rungs if r["wave"] and r["key"][0] == n)
+        assert f"{len(shared)} rungs compiled in one step with other keys' rungs; {left_out} configs left out" in text
 
 
 def test_share_wave_keeps_the_shared_configs_first_then_each_keys_own_in_turn_and_evens_the_slots():

@@ -68,6 +68,8 @@ class KeyReport:
     # never ran it, so their missing times are no failure (build() sets it, from the decision's per_rank).
     screened_on: dict[int, int] = field(default_factory=dict)
     unexplored: list[int] = field(default_factory=list)  # a budgeted search never ran them (engine/budget.py)
+    # Its rungs that shared their step's compiles with other keys' (rank 0's rung events): configs each left out.
+    shared_rungs: list[int] = field(default_factory=list)
     # Incremental re-tuning (store/incremental.py): what was timed and carried over, and the scale.
     incremental: dict[str, Any] | None = None
     compile: dict[str, Any] | None = None  # the key's last "precompile" event: where its configs compiled
@@ -294,6 +296,7 @@ class _Story:
     frozen: dict[tuple[str, str], FreezeMiss] = field(default_factory=dict)
     ahead: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
     precompiles: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # until the key's decision
+    waves: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # shared rungs' left-out configs, ditto
     disagreed: dict[str, list[str]] = field(default_factory=dict)
 
     def _call(self, function: str | None) -> CallReport:
@@ -302,6 +305,11 @@ class _Story:
 
     def precompile(self, e: dict[str, Any]) -> None:
         self.precompiles[(e["kernel"], repr(tuple(e["key"])))] = e
+
+    def rung(self, e: dict[str, Any]) -> None:
+        if e.get("wave"):
+            where = "" if e.get("point") is None else f" under point#{e['point']}"
+            self.waves.setdefault((e["kernel"], repr(tuple(e["key"])) + where), []).append(int(e["wave"]["left_out"]))
 
     def compile(self, e: dict[str, Any]) -> None:
         c = self._call(e.get("function"))
@@ -384,6 +392,7 @@ class _Story:
         previous = self.keys.get((r.kernel, r.key))
         r.occurrences = 1 + (previous.occurrences if previous else 0)
         r.compile = self.precompiles.get((r.kernel, r.key)) or (previous.compile if previous else None)
+        r.shared_rungs = self.waves.pop((r.kernel, r.key), [])
         self.keys[(r.kernel, r.key)] = r
 
 
@@ -403,6 +412,7 @@ _READERS: dict[str, Callable[[_Story, dict[str, Any]], None]] = {
     "precompile": _Story.precompile,
     "compile": _Story.compile,
     "call-budget": _Story.call_budget,
+    "rung": _Story.rung,
     "precompile-disagreed": _Story.precompile_disagreed,
 }
 IGNORED: dict[str, str] = {
@@ -412,7 +422,6 @@ IGNORED: dict[str, str] = {
     "slot": "raw samples; the decision carries their reduced statistics",
     "step": "raw end-to-end samples; the decision or point-decision carries their reduced statistics",
     "screen": "a screening pass's survivors; the decision that follows names the configs screened out",
-    "rung": "a budgeted search's rungs; the decision and the cache entry's tuned.budget say what it explored",
     "readmit": "configs a split screening dropped and lockstep timing brought back; the decision names them",
     "confirm": "the close candidates a key re-times; its decision names them (confirmed) with their times after",
     "confirm-round": "a confirmation race's round; its decision names the candidates (confirmed), those the race "
@@ -604,6 +613,9 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
     if r.unexplored:
         lines.append(f"  budget     explored {len(r.configs) - len(r.unexplored)} of {len(r.configs)} configs; "
                      "the others never ran (docs/search.md)")
+        if r.shared_rungs:
+            lines.append(f"             {len(r.shared_rungs)} rungs compiled in one step with other keys' rungs; "
+                         f"{sum(r.shared_rungs)} configs left out of them, to what the budgets paid for")
     if r.ms:
         lines.append(f"  {'configs':<10}{'ms':>10}  {'q20..q80':>19}"
                      + "".join(f"  {f'rank {k}':>10}" for k in range(len(r.per_rank))) + "  config")
