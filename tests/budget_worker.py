@@ -74,7 +74,14 @@ def scenario_budget_shared_waves() -> dict[str, Any]:
     rungs to it, and the broadcast makes the cut rungs every rank's."""
     from triton_ctx_tune.engine import executor
 
-    executor.BudgetSearch = bk.OneWave  # type: ignore[misc]  (this rank's process only)
+    plain, executor.BudgetSearch = executor.BudgetSearch, bk.OneWave  # type: ignore[misc]
+    try:
+        return _two_keys_one_wave()
+    finally:
+        executor.BudgetSearch = plain  # type: ignore[misc]  (the scenarios after it search as usual)
+
+
+def _two_keys_one_wave() -> dict[str, Any]:
     logs = Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"] + "-shared")
     size = {"n": 0}
     kernel = bk.make_kernel(lambda p: _ripple(p) + (bk.elsewhere(p) if size["n"] == 512 else 0.0))
