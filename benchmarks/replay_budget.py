@@ -27,8 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from triton_ctx_tune.compile.precompile import compile_weight  # noqa: E402
-from triton_ctx_tune.engine.budget import BudgetSearch, share_wave  # noqa: E402
+from triton_ctx_tune.compile.precompile import compile_weight, straggler_cutoff  # noqa: E402
+from triton_ctx_tune.engine.budget import PARENT_BAND, STRAGGLERS, BudgetSearch, share_wave  # noqa: E402
 
 
 def load(path: str | Path) -> dict[str, dict[str, float | None]]:
@@ -52,12 +52,6 @@ def config_of(label: str) -> Any:
     values = {k: int(v) for k, v in (p.split("=") for p in label.split(", "))}
     launch = {k: values.pop(k) for k in ("num_warps", "num_stages") if k in values}
     return Config(values, **launch)
-
-
-def stragglers_cutoff(seconds: list[float], stragglers: float) -> float:
-    """The first rung's straggler cutoff (precompile's): `stragglers` times the rung's half-th fastest compile."""
-    half = max(2, (len(seconds) + 1) // 2)
-    return stragglers * sorted(seconds)[half - 1] if len(seconds) >= half else math.inf
 
 
 def replay(table: dict[str, float | None], seed: int, measure: str = "seconds", limit: float = 6.8,
@@ -93,7 +87,7 @@ def replay(table: dict[str, float | None], seed: int, measure: str = "seconds", 
         else:
             seconds = {i: compiles.get(labels[i], rung_s) for i in fresh}
             if len(search.rungs) == 1 and len(fresh) <= parallel:  # the first rung leaves out its stragglers
-                cutoff = stragglers_cutoff(list(seconds.values()), search.stragglers)
+                cutoff = straggler_cutoff(seconds.values(), len(seconds), search.stragglers)
                 for i in [i for i, t in seconds.items() if t > cutoff]:
                     del seconds[i]
                     samples.pop(i, None)
@@ -154,7 +148,7 @@ def replay_together(tables: dict[str, dict[str, float | None]], seed: int, limit
                 t = times(other)
                 fastest = min(t)
                 for j, v in enumerate(t):
-                    if math.isfinite(v) and v <= 1.5 * fastest:
+                    if math.isfinite(v) and v <= PARENT_BAND * fastest:
                         ratio[j] = min(ratio.get(j, math.inf), v / fastest)
         return sorted(ratio, key=lambda j: (ratio[j], j))
 
@@ -167,7 +161,7 @@ def replay_together(tables: dict[str, dict[str, float | None]], seed: int, limit
         new = list(dict.fromkeys(new))
         seconds = {i: compiles.get(labels[i], 1.0) for i in new}
         if not compiled:  # the first rung: stragglers left out
-            cutoff = stragglers_cutoff(list(seconds.values()), 3.0)
+            cutoff = straggler_cutoff(seconds.values(), len(seconds), STRAGGLERS)
             left_out = {i for i, t in seconds.items() if t > cutoff}
             elapsed += min(cutoff, makespan(sorted(seconds.values()), parallel))
         else:

@@ -51,7 +51,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -392,6 +392,14 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     return out
 
 
+def straggler_cutoff(compiled_s: Iterable[float], size: int, stragglers: float) -> float:
+    """`stragglers` times the half-th fastest of a batch of `size` configs' compile seconds, once half of it (at least
+    two) has compiled; inf before (a budget's first rung: _BatchCompile.cutoff)."""
+    half = max(2, (size + 1) // 2)
+    seconds = sorted(compiled_s)
+    return stragglers * seconds[half - 1] if len(seconds) >= half else math.inf
+
+
 @dataclass
 class _Held:
     """What one config's thread holds while its worker compiles the binary (released when the config settles)."""
@@ -421,7 +429,7 @@ class _BatchCompile:
         self.first = indices[0] if on_ready is not None else None  # what a waiting execution runs first
         self.started = time.perf_counter()
         self.budgeted = math.isfinite(stragglers) and len(indices) > 1
-        self.half = max(2, (len(indices) + 1) // 2)
+        self.size = len(indices)
         self.gate_places: dict[int, Place] = {}
         # Configs another key's batch compiled (this one waited for it, or found it in the cache after): they count
         # towards the half that arms the straggler cutoff, as this batch's own compiles do. Two keys of one kernel
@@ -446,8 +454,8 @@ class _BatchCompile:
         configs compiled first are the fastest when they start at once or cheapest first (compile_order), so this
         is the batch's median, not the median of the half compiled so far (its 25th percentile)."""
         # (copies: compile threads add to them meanwhile)
-        seconds = sorted({**dict(self.compiled_elsewhere_s), **dict(self.out.compile_s)}.values())
-        return self.stragglers * seconds[self.half - 1] if len(seconds) >= self.half else math.inf
+        return straggler_cutoff({**dict(self.compiled_elsewhere_s), **dict(self.out.compile_s)}.values(), self.size,
+                                self.stragglers)
 
     def straggler_reason(self, seconds: float) -> str:
         return (f"not explored: still compiling after {seconds:.2g} s, {self.stragglers:g}x the median compile of "

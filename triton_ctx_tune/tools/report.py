@@ -225,9 +225,13 @@ def read_events(log_dir: Path) -> tuple[dict[int, list[dict[str, Any]]], list[st
     return dict(sorted(events.items())), problems
 
 
+def _key_under_point(e: dict[str, Any]) -> str:
+    """A key event's key as the report names it: under an autotune() space, one per point."""
+    return repr(tuple(e["key"])) + ("" if e.get("point") is None else f" under point#{e['point']}")
+
+
 def _from_decision(e: dict[str, Any], function: str | None) -> KeyReport:
-    where = "" if e.get("point") is None else f" under point#{e['point']}"  # autotune(): one per point
-    r = KeyReport(e["kernel"], repr(tuple(e["key"])) + where, function, "tuned", list(e["configs"]), int(e["winner"]))
+    r = KeyReport(e["kernel"], _key_under_point(e), function, "tuned", list(e["configs"]), int(e["winner"]))
     r.ms = [_finite(x) for x in e["reduced"]]
     r.q20 = [_finite(x) for x in e.get("reduced_q20", [])]
     r.q80 = [_finite(x) for x in e.get("reduced_q80", [])]
@@ -308,8 +312,7 @@ class _Story:
 
     def rung(self, e: dict[str, Any]) -> None:
         if e.get("wave"):
-            where = "" if e.get("point") is None else f" under point#{e['point']}"
-            self.waves.setdefault((e["kernel"], repr(tuple(e["key"])) + where), []).append(int(e["wave"]["left_out"]))
+            self.waves.setdefault((e["kernel"], _key_under_point(e)), []).append(int(e["wave"]["left_out"]))
 
     def compile(self, e: dict[str, Any]) -> None:
         c = self._call(e.get("function"))
