@@ -186,7 +186,8 @@ def replay_together(tables: dict[str, dict[str, float | None]], seed: int, limit
         if share and len(exploring) > 1:
             room = max(min(search[sh].explorable_now(elapsed) for sh in exploring), 2)
             cut, _ = share_wave([rungs[sh] for sh in exploring], [search[sh].launched for sh in exploring],
-                                set().union(*(search[sh].launched for sh in shapes)), room)
+                                set().union(*(search[sh].launched for sh in shapes)), room,
+                                [set(search[sh].unexplored()) for sh in exploring])
             rungs.update(zip(exploring, cut))
     out = {}
     for sh in shapes:

@@ -118,7 +118,8 @@ def shared_waves(rung_events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             new = set().union(*(set(e["configs"]) for e in group)) - launched
             assert len(new) == wave["binaries"], (new, wave)
             out.append({"binaries": len(new), "cap": wave["cap"], "sizes": [len(e["configs"]) for e in group],
-                        "slots": [e["slots"] for e in group], "left_out": [e["wave"]["left_out"] for e in group]})
+                        "slots": [e["slots"] for e in group], "left_out": [e["wave"]["left_out"] for e in group],
+                        "taken": [e["wave"]["taken"] for e in group]})
         for e in group:
             launched |= set(e["configs"])
         i += len(group)

@@ -426,6 +426,8 @@ def test_two_keys_rungs_that_compile_in_one_step_bring_only_the_binaries_their_b
         assert step["cap"] == bk.WAVE and step["binaries"] <= bk.WAVE, shared
         assert min(step["sizes"]) >= 2 and len(set(step["slots"])) == 1, shared  # in step: the same slots
     assert any(sum(step["left_out"]) for step in shared)  # the cut happened: apart, they brought more
+    # ... and a cut key timed the other key's new binaries in the slots it lost: they compiled in its step anyway.
+    assert any(sum(step["taken"]) for step in shared), shared
     assert "configs left out: with the other keys' rungs of this step it brings" in \
         (tmp_path / "logs" / "rank-0.log").read_text()
     assert sorted(d["key"][0] for d in _events(tmp_path, "decision")) == [256, 512]
@@ -433,7 +435,9 @@ def test_two_keys_rungs_that_compile_in_one_step_bring_only_the_binaries_their_b
     text = format_report(build(tmp_path / "logs"))
     for n in (256, 512):
         left_out = sum(r["wave"]["left_out"] for r in rungs if r["wave"] and r["key"][0] == n)
-        assert f"{len(shared)} rungs compiled in one step with other keys' rungs; {left_out} configs left out" in text
+        taken = sum(r["wave"]["taken"] for r in rungs if r["wave"] and r["key"][0] == n)
+        assert (f"{len(shared)} rungs compiled in one step with other keys' rungs; {left_out} configs left out of "
+                f"them, to what the budgets paid for; {taken} of the other keys' new binaries taken instead") in text
 
 
 def test_share_wave_keeps_the_shared_configs_first_then_each_keys_own_in_turn_and_evens_the_slots():
@@ -459,3 +463,14 @@ def test_share_wave_keeps_the_shared_configs_first_then_each_keys_own_in_turn_an
     assert share_wave([a, b], launched[:2], compiled, cap=9) == ([a, b], 7)
     cut, binaries = share_wave([{5: 1, 6: 1, 7: 1}, {8: 1, 9: 1, 10: 1}], [set(), set()], set(), cap=1)
     assert [sorted(r) for r in cut] == [[5, 6], [8, 9]] and binaries == 4
+
+    # Given what each key may still explore, a cut rung first takes the step's other new binaries (they compile for
+    # the other keys anyway), a warm-up and a timed slot each, in the wave's order (10 20 9 21 30); then more timed
+    # slots. The binaries stay the same five.
+    fresh = [set(range(40)) - m for m in launched]
+    fresh[0].discard(20)  # (known to fail for the first key, say)
+    (ca, cb, cc), binaries = share_wave([a, b, c], launched, compiled, cap=5, unexplored=fresh)
+    assert binaries == 5
+    assert ca == {9: 1, 10: 1, 0: 2, 21: 1, 30: 1}
+    assert cb == {20: 1, 10: 1, 21: 1, 9: 1, 30: 1} and cc == {30: 1, 10: 1, 20: 1, 9: 1, 21: 1}
+    assert [slots(r, m) for r, m in zip((ca, cb, cc), launched)] == [10, 10, 10]

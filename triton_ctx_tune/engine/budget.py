@@ -277,7 +277,9 @@ class BudgetSearch:
         average = elapsed_s / max(self.slots, 1)
         return min(self.step_s, average) if self.step_s is not None else average
 
-    def _unexplored(self) -> list[int]:
+    def unexplored(self) -> list[int]:
+        """The configs this search may still explore: not launched here, not explored by the run it continues, not
+        known to fail."""
         known = self.launched | (self.prior.explored if self.prior is not None else set())
         return [i for i in range(self.n) if i not in known and i not in self.failed]
 
@@ -290,9 +292,9 @@ class BudgetSearch:
             ranked = sorted((t, i) for i, t in enumerate(self.prior.times) if math.isfinite(t))
             rung.update({i: 1 for _, i in ranked[:FINALISTS]})
         want = self.explore_total if self.measure == "seconds" else -(-self.explore_total // 2)
-        want = min(max(want, 2 - len(rung)), len(self._unexplored()))
+        want = min(max(want, 2 - len(rung)), len(self.unexplored()))
         if self.model_ranked:
-            rung.update({i: 1 for i in self._unexplored()[: want // 2]})
+            rung.update({i: 1 for i in self.unexplored()[: want // 2]})
         rung.update({i: 1 for i in self.spread(want - (len(rung) - len(rung.keys() & self._anchor_set())), rung)})
         return rung
 
@@ -301,7 +303,7 @@ class BudgetSearch:
 
     def spread(self, k: int, taken: dict[int, int] | set[int]) -> list[int]:
         """k unexplored configs far from everything explored (and from each other): a farthest-point sample."""
-        pool = [i for i in self._unexplored() if i not in taken]
+        pool = [i for i in self.unexplored() if i not in taken]
         if k <= 0 or not pool:
             return []
         mind = list(self._mindist)
@@ -429,7 +431,7 @@ class BudgetSearch:
         now = self.current_times(times)
         ranked = self.ranked(now)
         if self.phase == "explore":
-            left = min(self.explorable_now(elapsed_s), len(self._unexplored()))
+            left = min(self.explorable_now(elapsed_s), len(self.unexplored()))
             if left > 0:
                 # Counted budgets: rungs of an eighth of what they may explore; seconds: as wide as the compile
                 # workers (each rung costs about one compile's wall time), else a quarter of what is left at each
@@ -440,7 +442,7 @@ class BudgetSearch:
                     per = self.parallel if self.parallel > 1 else -(-left // 4)
                 size = min(left, max(2, per))
                 rung: dict[int, int] = {}
-                fresh = set(self._unexplored())
+                fresh = set(self.unexplored())
                 # Parents: the fastest few, within PARENT_BAND of the fastest (on 1152 GEMM configs the spread
                 # rung's second and third were 2.7x slower: their neighbourhoods took two thirds of the next rung).
                 parents = [i for i in ranked[:TOP_PARENTS] if now[i] <= PARENT_BAND * now[ranked[0]]]
@@ -550,7 +552,7 @@ class BudgetSearch:
 
 
 def share_wave(rungs: list[dict[int, int]], launched: list[set[int]], compiled: set[int],
-               cap: int) -> tuple[list[dict[int, int]], int]:
+               cap: int, unexplored: list[set[int]] | None = None) -> tuple[list[dict[int, int]], int]:
     """Rank 0: the exploring rungs that several seconds-budgeted keys of one kernel decided in the same step, cut
     so that together they bring at most `cap` new binaries (the configs the most constrained key's budget pays
     for, priced in waves of its workers). They compile in one step (executor.prefetch), and a config any of the
@@ -561,8 +563,11 @@ def share_wave(rungs: list[dict[int, int]], launched: list[set[int]], compiled: 
     `launched`: each rung's key's launched configs; `compiled`: every config any key of the kernel launched. Kept
     first: configs that several keys asked for, then each key's own in its rung's order, round-robin; a config
     already compiled always stays, and each key keeps at least two configs of its rung. A cut rung takes the slots
-    it lost as more timed slots of the configs it kept, so that the keys' rungs still end in the same step and
-    share the next one's compiles too. Returns the rungs and how many new binaries they bring."""
+    it lost first as the step's other new binaries that it has not explored (`unexplored`: each key's), a warm-up
+    and a timed slot each: they compile for the other keys anyway, so they cost it slots, not compiles (on 2 H200s
+    the 4096-cube's rung was cut from 32 configs to 20 beside two keys that compiled the other 12). Then as more
+    timed slots of the configs it kept, so that the keys' rungs still end in the same step and share the next
+    one's compiles too. Returns the rungs and how many new binaries they bring."""
     wanted: dict[int, list[int]] = {}  # new binary -> its places in the rungs that ask for it
     for rung in rungs:
         for place, j in enumerate(j for j in rung if j not in compiled):
@@ -581,10 +586,17 @@ def share_wave(rungs: list[dict[int, int]], launched: list[set[int]], compiled: 
         return sum(t + (j not in mine) for j, t in rung.items())
 
     target = max(slots(rung, mine) for rung, mine in zip(rungs, launched))
+    wave = [j for j in shared + own if j in chosen] + sorted(chosen - set(shared + own))
+    takeable = unexplored if unexplored is not None else [set() for _ in rungs]
     out = []
-    for rung, mine in zip(rungs, launched):
+    for k, (rung, mine) in enumerate(zip(rungs, launched)):
         kept = {j: t for j, t in rung.items() if j in compiled or j in chosen}
-        order = itertools.cycle(list(kept))
+        for j in wave:
+            if target - slots(kept, mine) < 2:
+                break
+            if j not in kept and j in takeable[k]:
+                kept[j] = 1
+        order = itertools.cycle([j for j in rung if j in kept])
         for _ in range(target - slots(kept, mine)):
             kept[next(order)] += 1
         out.append(kept)

@@ -248,7 +248,8 @@ class Decisions:
                       f"spent {spent[b.measure]:g}"
                       + (f"; best so far config#{best[1]} {fmt_ms(best[0])}" if best else "")
                       + (f"; {b.wave['left_out']} configs left out: with the other keys' rungs of this step it brings "
-                         f"{b.wave['binaries']} new binaries, what the budgets pay for ({b.wave['cap']})"
+                         f"{b.wave['binaries']} new binaries, what the budgets pay for ({b.wave['cap']}); it takes "
+                         f"{b.wave['taken']} of the other keys' new binaries instead"
                          if b.wave and b.wave["left_out"] else ""),
                       **_subject_fields(s), rung=len(b.rungs) - 1, configs=kept, new=new, slots=b.slots,
                       explored=len(b.launched), measure=b.measure, limit=b.limit, spent=spent,
@@ -330,10 +331,11 @@ class Decisions:
                                      if o.budget is not None and _config_ids(o) == ids))
             cap = max(min(search.explorable_now(now - s.started) for _, s, search in group), 2)
             cut, binaries = share_wave([rungs[i] for i, _, _ in group], [search.launched for _, _, search in group],
-                                       compiled, cap)
+                                       compiled, cap, [set(search.unexplored()) for _, _, search in group])
             for (i, _, search), rung in zip(group, cut):
                 search.wave = {"rungs": len(group), "binaries": binaries, "cap": cap,
-                               "left_out": len(rungs[i]) - len(rung)}
+                               "left_out": len(rungs[i].keys() - rung.keys()),
+                               "taken": len(rung.keys() - rungs[i].keys())}
                 out[i] = rung
         return out
 

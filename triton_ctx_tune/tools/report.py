@@ -69,7 +69,7 @@ class KeyReport:
     screened_on: dict[int, int] = field(default_factory=dict)
     unexplored: list[int] = field(default_factory=list)  # a budgeted search never ran them (engine/budget.py)
     # Its rungs that shared their step's compiles with other keys' (rank 0's rung events): configs each left out.
-    shared_rungs: list[int] = field(default_factory=list)
+    shared_rungs: list[tuple[int, int]] = field(default_factory=list)
     # Incremental re-tuning (store/incremental.py): what was timed and carried over, and the scale.
     incremental: dict[str, Any] | None = None
     compile: dict[str, Any] | None = None  # the key's last "precompile" event: where its configs compiled
@@ -300,7 +300,8 @@ class _Story:
     frozen: dict[tuple[str, str], FreezeMiss] = field(default_factory=dict)
     ahead: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
     precompiles: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # until the key's decision
-    waves: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # shared rungs' left-out configs, ditto
+    # shared rungs' configs left out and configs taken from the other keys' new binaries, ditto
+    waves: dict[tuple[str, str], list[tuple[int, int]]] = field(default_factory=dict)
     disagreed: dict[str, list[str]] = field(default_factory=dict)
 
     def _call(self, function: str | None) -> CallReport:
@@ -312,7 +313,8 @@ class _Story:
 
     def rung(self, e: dict[str, Any]) -> None:
         if e.get("wave"):
-            self.waves.setdefault((e["kernel"], _key_under_point(e)), []).append(int(e["wave"]["left_out"]))
+            self.waves.setdefault((e["kernel"], _key_under_point(e)), []).append(
+                (int(e["wave"]["left_out"]), int(e["wave"].get("taken", 0))))
 
     def compile(self, e: dict[str, Any]) -> None:
         c = self._call(e.get("function"))
@@ -618,7 +620,8 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
                      "the others never ran (docs/search.md)")
         if r.shared_rungs:
             lines.append(f"             {len(r.shared_rungs)} rungs compiled in one step with other keys' rungs; "
-                         f"{sum(r.shared_rungs)} configs left out of them, to what the budgets paid for")
+                         f"{sum(o for o, _ in r.shared_rungs)} configs left out of them, to what the budgets paid "
+                         f"for; {sum(t for _, t in r.shared_rungs)} of the other keys' new binaries taken instead")
     if r.ms:
         lines.append(f"  {'configs':<10}{'ms':>10}  {'q20..q80':>19}"
                      + "".join(f"  {f'rank {k}':>10}" for k in range(len(r.per_rank))) + "  config")
