@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,8 @@ from triton_ctx_tune import contextual_autotune  # noqa: E402
 
 def _ripple(point: dict[str, Any]) -> float:
     """Up to 0.4 ms more on this rank, different per config and per rank."""
-    h = hash((dist.get_rank(),) + tuple(sorted(point.items()))) % 1000
+    # (crc32, not hash(): str hashes change with every process's PYTHONHASHSEED, and so would the rungs)
+    h = zlib.crc32(repr((dist.get_rank(),) + tuple(sorted(point.items()))).encode()) % 1000
     return 0.4 * h / 1000
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Any
 
 import pytest
@@ -31,6 +32,25 @@ def _run(kernel, tmp_path, budget, **opts):
     return fn
 
 
+def _two_keys(tmp_path, kernel, size, before=lambda n: None):
+    """Two keys of `kernel` (256 and 512 elements) tuned in the same executions under a 600 s budget; `size["n"]` says
+    which one launches, `before(n)` runs before the n-th launch. Checks that every execution ran once on each
+    tensor; returns rank 0's rung events."""
+    @contextual_autotune(budget=600.0, cache=False, log_dir=str(tmp_path / "logs"), **FAST)
+    def fn(x, y):
+        for n, t in enumerate((x, y)):
+            size["n"] = t.numel()
+            before(n)
+            kernel[lambda meta, t=t: (triton.cdiv(t.numel(), meta["BLOCK_M"]),)](t, t.numel())
+        return x, y
+
+    x, y = torch.zeros(256, device=DEVICE), torch.zeros(512, device=DEVICE)
+    fn(x, y)
+    assert torch.equal(x, torch.full_like(x, fn.last_call.executions))
+    assert torch.equal(y, torch.full_like(y, fn.last_call.executions))
+    return _events(tmp_path, "rung")
+
+
 def _entry(tmp_path):
     files = list((tmp_path / "cache").glob("*.json"))
     assert len(files) == 1, files
@@ -43,13 +63,15 @@ def _events(tmp_path, kind):
 
 
 @pytest.mark.parametrize("budget", [Budget(executions=200), "200 executions"])
-def test_an_executions_budget_takes_exactly_its_slots_and_finds_the_best_of_1200(tmp_path, budget):
+def test_an_executions_budget_takes_exactly_its_slots_and_finds_a_config_near_the_best_of_1200(tmp_path, budget):
+    """(With the spread's upper-middle start the search ends one GROUP_M step short of BEST, 1.1x its declared
+    cost, where the float ties of Python 3.11 happened to lead to BEST itself: RESULTS.md section 32.)"""
     kernel = bk.make_kernel()
     configs = autotuner(kernel).configs
     assert len(configs) == 1200
     _run(kernel, tmp_path, budget)
     (chosen,) = autotuner(kernel).cache.values()
-    assert bk.point_of(chosen) == bk.BEST
+    assert bk.cost_ms(bk.point_of(chosen)) <= 1.1 * bk.BASE_MS + 1e-9, bk.point_of(chosen)
     entry = _entry(tmp_path)
     record = entry["tuned"]["budget"]
     assert record["decided_by_budget"] and record["measure"] == "executions"
@@ -118,7 +140,7 @@ def test_a_seconds_budget_with_compile_workers_explores_in_rungs_as_wide_as_the_
     """A rung's configs compile side by side, so a rung costs about one compile's wall time whatever its width (up
     to the workers): rank 0 counts what is left in rungs, each as wide as its workers. A wide rung takes the fastest
     config's coupled moves (a tile step with a warps step), one-step neighbours and leaps (one parameter two steps),
-    then the next parents' within 1.5x of the fastest; a config 1.56x slower is no parent."""
+    then the next parents' within 1.5x of the fastest; a config 1.53x slower is no parent."""
     configs = bk.configs()
     costs = [bk.cost_ms(bk.point_of(c)) for c in configs]
     wide = BudgetSearch(configs, "seconds", 10.0, n_repeat=3, parallel=16, first_width=16)
@@ -137,8 +159,8 @@ def test_a_seconds_budget_with_compile_workers_explores_in_rungs_as_wide_as_the_
     wide.limit = 10.0
     rung = wide.next_rung(times, 2.0, 0.02)
     assert len(rung) == 16 and not set(rung) & set(first)
-    fastest = sorted(first, key=lambda i: costs[i])[:3]
-    assert [round(costs[i] / costs[fastest[0]], 2) for i in fastest] == [1.0, 1.29, 1.56]
+    fastest = sorted(first, key=lambda i: costs[i])[:4]
+    assert [round(costs[i] / costs[fastest[0]], 2) for i in fastest] == [1.0, 1.09, 1.5, 1.53]
     coupled, (one_step, _) = wide.coupled(fastest[0]), wide.neighbours(fastest[0])
     assert len(coupled) == 4 and len(one_step) == 10  # BLOCK_K/M/N or GROUP_M with num_warps, the same way
     assert set(coupled) | set(one_step) <= set(rung)  # 14 of the 16
@@ -176,14 +198,16 @@ def test_after_exploring_a_key_times_what_its_sibling_keys_found_fastest_once_wi
     by_key = {n: [r for r in rungs if r["key"][0] == n] for n in (256, 512)}
     ran = {n: set().union(*(set(r["configs"]) for r in rs)) for n, rs in by_key.items()}
     for n, other in ((256, 512), (512, 256)):
+        # The sibling rung is the last rung that brings new configs (the halving and final rungs re-time): all of
+        # them new, all run by the other key, at most SIBLING_PICKS.
         seen: set[int] = set()
-        picks = []
+        bringing = []
         for r in by_key[n]:
-            new = set(r["configs"]) - seen
-            if r["configs"] and new == set(r["configs"]) and new <= ran[other] and len(new) <= SIBLING_PICKS:
-                picks.append(r)
+            if set(r["configs"]) - seen:
+                bringing.append((set(r["configs"]) - seen, set(r["configs"])))
             seen |= set(r["configs"])
-        assert len(picks) == 1, (n, [r["configs"] for r in by_key[n]])
+        new, configs = bringing[-1]
+        assert new == configs and new <= ran[other] and len(new) <= SIBLING_PICKS, (n, bringing)
         assert by_key[n][-1]["spent"]["executions"] == 200
     assert {bk.point_of(c)["num_stages"] for c in autotuner(kernel).cache.values()} == {2, 3}
 
@@ -406,18 +430,7 @@ def test_two_keys_rungs_that_compile_in_one_step_bring_only_the_binaries_their_b
     monkeypatch.setattr(kernels, "HOST_COST_SCALE", 10_000.0)  # declared costs, not a loaded machine's, rank configs
     size = {"n": 0}
     kernel = bk.make_kernel(lambda p: bk.elsewhere(p) if size["n"] == 512 else 0.0)
-
-    @contextual_autotune(budget=600.0, cache=False, log_dir=str(tmp_path / "logs"), **FAST)
-    def fn(x, y):
-        for t in (x, y):
-            size["n"] = t.numel()
-            kernel[lambda meta, t=t: (triton.cdiv(t.numel(), meta["BLOCK_M"]),)](t, t.numel())
-        return x, y
-
-    x, y = torch.zeros(256, device=DEVICE), torch.zeros(512, device=DEVICE)
-    fn(x, y)
-    assert torch.equal(x, torch.full_like(x, fn.last_call.executions))
-    rungs = _events(tmp_path, "rung")
+    rungs = _two_keys(tmp_path, kernel, size)
     shared = bk.shared_waves(rungs)
     # Every exploring rung after the first (the spread, planned before any step) is shared: the keys stay in step
     # until each has explored EXPLORE configs (a cut rung explores fewer, so there may be more than the 2 uncut).
@@ -438,6 +451,29 @@ def test_two_keys_rungs_that_compile_in_one_step_bring_only_the_binaries_their_b
         taken = sum(r["wave"]["taken"] for r in rungs if r["wave"] and r["key"][0] == n)
         assert (f"{len(shared)} rungs compiled in one step with other keys' rungs; {left_out} configs left out of "
                 f"them, to what the budgets paid for; {taken} of the other keys' new binaries taken instead") in text
+
+
+def test_budgeted_keys_of_one_kernel_met_in_one_step_count_their_seconds_from_the_first_ones_launch(tmp_path,
+                                                                                                     monkeypatch):
+    """The second key is met 0.5 s after the first (the first execution runs the first key's launch before it), and
+    both tune in the same executions from then on: its seconds count from the first key's launch, so the two keys'
+    budgets end together. Counted from its own, its rungs ran on after the first key's budget was spent, and the
+    first key's last rungs waited for its compiles."""
+    from triton_ctx_tune.engine import executor
+
+    monkeypatch.setattr(executor, "BudgetSearch", bk.OneWave)
+    first = {"execution": True}
+
+    def wait_once(n: int) -> None:
+        if n == 1 and first["execution"]:
+            first["execution"] = False
+            time.sleep(0.5)
+    rungs = _two_keys(tmp_path, bk.make_kernel(lambda p: 0.0), {"n": 0}, before=wait_once)
+    by_key = {n: [r["spent"]["seconds"] for r in rungs if r["key"][0] == n] for n in (256, 512)}
+    assert by_key[256] and by_key[512]
+    # Logged one after the other at each step's end: the same clock, give or take the logging between them.
+    assert abs(by_key[512][0] - by_key[256][0]) < 0.25, by_key
+    assert min(by_key[512]) >= 0.5, by_key  # the wait before its first launch counts
 
 
 def test_share_wave_keeps_the_shared_configs_first_then_each_keys_own_in_turn_and_evens_the_slots():

@@ -322,13 +322,13 @@ class Decisions:
             s = finishing[i]
             assert isinstance(s, KeyState) and s.budget is not None
             if s.budget.phase == "explore" and s.budget.measure == "seconds" and s.budget.parallel > 1:
-                groups.setdefault(_config_ids(s), []).append((i, s, s.budget))
+                groups.setdefault(s.config_ids, []).append((i, s, s.budget))
         out = dict(rungs)
         now = time.perf_counter()
         for group in (group for group in groups.values() if len(group) > 1):
-            ids = _config_ids(group[0][1])  # a config index names the same binary only in the same config list
+            ids = group[0][1].config_ids  # a config index names the same binary only in the same config list
             compiled = set().union(*(o.budget.launched for o in self.services.search.kernels.values()
-                                     if o.budget is not None and _config_ids(o) == ids))
+                                     if o.budget is not None and o.config_ids == ids))
             cap = max(min(search.explorable_now(now - s.started) for _, s, search in group), 2)
             cut, binaries = share_wave([rungs[i] for i, _, _ in group], [search.launched for _, _, search in group],
                                        compiled, cap, [set(search.unexplored()) for _, _, search in group])
@@ -613,11 +613,6 @@ def _carry_prior(s: KeyState, reduced: torch.Tensor, per_rank: torch.Tensor) -> 
 
 def plain_point(point: dict[str, Any]) -> dict[str, Any]:
     return {str(k): v if isinstance(v, (bool, int, float, str, type(None))) else repr(v) for k, v in point.items()}
-
-
-def _config_ids(s: KeyState) -> tuple[int, ...]:
-    """A key's configs by identity: keys of one kernel whose pruned config lists are the same share indices."""
-    return (id(s.autotuner), *map(id, s.configs))
 
 
 def _subject(s: Tunable) -> str:

@@ -346,6 +346,12 @@ class KeyState(Tunable):
     rejected: dict[int, str] = field(default_factory=dict)
     disagreed: set[int] = field(default_factory=set)  # of those, the ones whose launch worked here
 
+    @property
+    def config_ids(self) -> tuple[int, ...]:
+        """Its configs by identity: keys of one kernel whose pruned config lists are the same share indices, and a
+        config one of them compiled is a cache hit for the others when they specialize alike."""
+        return (id(self.autotuner), *map(id, self.configs))
+
     def launch_times(self, stat: str) -> list[float] | None:
         """Each config's time per launch on this rank (inf: none), kept through an end-to-end confirmation;
         None for a key judged end to end from its start."""
