@@ -694,3 +694,48 @@ def test_a_configs_first_launch_on_a_rank_is_never_its_timed_sample():
     assert chosen(_first_kernel) == {(64, "torch.float32"): 32}
     # Each config ran untimed before its timed slot (BLOCK 64, config 0, as the first execution's stand-in).
     assert _first_launches.count(64) >= 2 and _first_launches.count(32) >= 2
+
+
+def test_a_timed_launch_waits_twice_the_hosts_recent_launch_time_on_the_gpu(monkeypatch):
+    """Each timed slot's span starts after a GPU sleep sized from the host's recent launch spans
+    (runtime/timing.HostLead), so a host slower than the GPU (a config hook, a node busy compiling) stays
+    out of the sample. On the CPU the host clock ignores the sleep: this checks the sizes asked for."""
+    from triton_ctx_tune.runtime import timing
+
+    asked: list[float] = []
+    real_start = timing.HostTimer.start
+
+    def start(self: timing.HostTimer, flush: bool, head_start_s: float = 0.0) -> float:
+        asked.append(head_start_s)
+        return real_start(self, flush, head_start_s)
+
+    monkeypatch.setattr(timing.HostTimer, "start", start)
+    hook_s = 4e-4
+
+    def busy_hook(nargs: dict) -> None:  # host work inside the launch: argument packing, a descriptor's build
+        end = time.perf_counter() + hook_s
+        while time.perf_counter() < end:
+            pass
+
+    kernel = triton.autotune(configs=[triton.Config({"BLOCK": b}, pre_hook=busy_hook) for b in (16, 32)],
+                             key=["n"])(triton.jit(K.add_one_.fn.fn))
+
+    @contextual_autotune(**FAST)
+    def op(x: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        kernel[grid(y.numel())](y, y.numel())
+        return y
+
+    torch.testing.assert_close(op(ramp(64)), ramp(64) + 1)
+    # 2 configs x 2 timed slots. The first comes before any launch of a loaded binary (a first launch loads
+    # it, which is no measure of the next), so it gets the default; the others see the hook's spans.
+    assert len(asked) == 4 and asked[0] == timing.HostLead.FIRST_S, asked
+    assert all(2 * hook_s < s <= timing.HostLead.MAX_S for s in asked[1:]), asked
+    lead = timing.HostLead()
+    assert lead.seconds() == timing.HostLead.FIRST_S
+    for span in (1e-4, 3e-4, 2e-4, 5e-2):  # a stall does not move the median
+        lead.note(span)
+    assert lead.seconds() == pytest.approx(2 * 2.5e-4 + 2e-5)
+    for _ in range(8):
+        lead.note(5e-3)
+    assert lead.seconds() == timing.HostLead.MAX_S

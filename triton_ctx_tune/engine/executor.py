@@ -36,7 +36,7 @@ from ..runtime.compat import (
 )
 from ..runtime.libraries import cache_winners, can_forget, launch_refused, refused, tuning_key
 from ..runtime.patch import original_run
-from ..runtime.timing import CudaGraphTimer
+from ..runtime.timing import CudaGraphTimer, HostLead
 from ..store.cache import Lookup, entry_id, identity
 from ..tools.logs import compile_totals, fmt_ms, fmt_parallelism
 from .budget import EARLY_RUNG, FIRST_RUNG_WITH_WORKERS, BudgetSearch, Prior
@@ -82,6 +82,7 @@ class Executor:
         # Autograd runs a backward's launches on its own thread while the caller waits, and a
         # function may launch from threads it starts (resolver.carry): one launch at a time.
         self._lock = threading.RLock()
+        self._lead = HostLead()  # how long the GPU waits before a timed launch (runtime/timing.py)
 
     def begin(self, assignment: Assignment, final: bool) -> None:
         """Start a step: what it runs (`assignment`), and whether it is meant to be the final run."""
@@ -458,12 +459,17 @@ class Executor:
                 state.overlapped = self.services.overlapping()
             timer = self.services.timer
             graph = timer if slot.timed and isinstance(timer, CudaGraphTimer) else None  # it times replays
-            token = timer.start(flush=True) if slot.timed and graph is None else None
+            token = timer.start(flush=True, head_start_s=self._lead.seconds()) if slot.timed and graph is None else None
             config = state.configs[slot.config]
+            steady = slot.config in state.works  # a config's first launch here loads its binary: not a lead's measure
 
             def launch() -> tuple[Any, Callable[[], float] | None]:  # the end event is recorded before any synchronize
+                began = time.perf_counter()
                 out = self._run_config(state.autotuner, config, args, kwargs)
-                return out, timer.stop(token) if token is not None else None
+                stop = timer.stop(token) if token is not None else None
+                if steady:
+                    self._lead.note(time.perf_counter() - began)
+                return out, stop
 
             ok, out = self._launch_noted(state, slot.config, launch)
             result, stop = out if ok else (None, None)

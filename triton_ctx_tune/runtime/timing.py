@@ -8,7 +8,9 @@ takes when deployed under CUDA graphs, without the host's launch overhead.
 """
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -45,6 +47,33 @@ def _sleep_cycles_per_second() -> float:
         end.synchronize()
         rate = _sleep_rates[dev] = cycles / max(begin.elapsed_time(end) / 1e3, 1e-6)
     return rate
+
+
+class HostLead:
+    """How long the GPU must wait before a timed launch for the host to enqueue the launch ahead of it.
+
+    A timed slot's span runs from the start event to the end event on the GPU. When the host takes longer to
+    enqueue the launch (argument binding, the config's hooks, Triton's launcher; more while compile workers
+    load the node's cores) than the GPU takes to reach the start event, the GPU idles inside the span, and the
+    sample counts the host's latency: on a GEMM space tuned beside its compiles (2 H200s, issue 35) the samples
+    ran 1.2x do_bench's times on the key launched first in each step and about 1.0x on the next, which found the
+    GPU still busy. So the GPU first sleeps about twice the median host span of the recent timed launches.
+    (The median, not the maximum: a rare stall of the host is the reducer's outlier, and a sleep sized for it
+    would be paid on every slot.)"""
+    FIRST_S = 1e-4  # before any span is known: Triton's launch path with hooks is tens of microseconds
+    MAX_S = 2e-3
+
+    def __init__(self) -> None:
+        self._spans: deque[float] = deque(maxlen=16)
+
+    def seconds(self) -> float:
+        if not self._spans:
+            return self.FIRST_S
+        return min(2 * statistics.median(self._spans) + 2e-5, self.MAX_S)
+
+    def note(self, span_s: float) -> None:
+        """The host's time from recording a timed launch's start event to recording its end event."""
+        self._spans.append(span_s)
 
 
 class Timer(Protocol):
