@@ -696,7 +696,7 @@ def test_a_configs_first_launch_on_a_rank_is_never_its_timed_sample():
     assert _first_launches.count(64) >= 2 and _first_launches.count(32) >= 2
 
 
-def test_a_timed_launch_waits_twice_the_hosts_recent_launch_time_on_the_gpu(monkeypatch):
+def test_a_timed_launch_waits_twice_the_hosts_recent_launch_time_on_the_gpu(monkeypatch, tmp_path):
     """Each timed slot's span starts after a GPU sleep sized from the host's recent launch spans
     (runtime/timing.HostLead), so a host slower than the GPU (a config hook, a node busy compiling) stays
     out of the sample. On the CPU the host clock ignores the sleep: this checks the sizes asked for."""
@@ -729,13 +729,26 @@ def test_a_timed_launch_waits_twice_the_hosts_recent_launch_time_on_the_gpu(monk
     torch.testing.assert_close(op(ramp(64)), ramp(64) + 1)
     # 2 configs x 2 timed slots. The first comes before any launch of a loaded binary (a first launch loads
     # it, which is no measure of the next), so it gets the default; the others see the hook's spans.
+    # The second follows a step of the hook's 0.4 ms at least, long after the first one's 0.1 ms sleep ran out.
+    # (A later one may find part of the last sleep still queued, and sleep only the rest: the next test.)
     assert len(asked) == 4 and asked[0] == timing.HostLead.FIRST_S, asked
-    assert all(2 * hook_s < s <= timing.HostLead.MAX_S for s in asked[1:]), asked
+    assert 2 * hook_s < asked[1] <= timing.HostLead.MAX_S and all(0 <= s <= timing.HostLead.MAX_S for s in asked)
+    events = [e for e in jsonl(tmp_path) if e["event"] == "slot" and e["timed"]]
+    assert [e["lead_ms"] for e in events] == pytest.approx([s * 1e3 for s in asked], abs=1e-4)
+
+
+def test_the_gpu_lead_is_twice_the_median_host_span_less_what_queued_sleeps_still_cover():
+    from triton_ctx_tune.runtime import timing
+
     lead = timing.HostLead()
-    assert lead.seconds() == timing.HostLead.FIRST_S
+    assert lead.take(now=10.0) == timing.HostLead.FIRST_S  # nothing measured yet
     for span in (1e-4, 3e-4, 2e-4, 5e-2):  # a stall does not move the median
         lead.note(span)
-    assert lead.seconds() == pytest.approx(2 * 2.5e-4 + 2e-5)
+    want = 2 * 2.5e-4 + 2e-5
+    assert lead.take(now=20.0) == pytest.approx(want)  # the GPU ran out of sleeps long ago
+    # 0.2 ms later the GPU still has 0.32 ms of that sleep to run: it sleeps only the rest of the lead
+    assert lead.take(now=20.0002) == pytest.approx(2e-4)
+    assert lead.take(now=20.0002) == 0.0  # queued right behind: the sleeps ahead cover all of it
     for _ in range(8):
         lead.note(5e-3)
-    assert lead.seconds() == timing.HostLead.MAX_S
+    assert lead.take(now=30.0) == timing.HostLead.MAX_S

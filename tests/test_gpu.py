@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from typing import Any
 
 import pytest
@@ -169,7 +170,7 @@ def test_a_timed_slots_sample_leaves_out_the_hosts_launch_time(tmp_path, monkeyp
             pass
 
     if not lead:
-        monkeypatch.setattr(timing.HostLead, "seconds", lambda self: 0.0)
+        monkeypatch.setattr(timing.HostLead, "take", lambda self, now: 0.0)
     kernel = triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=4, pre_hook=busy_hook)
                                       for b in (1024, 2048)], key=["n"])(triton.jit(_scale))
     n = 1 << 16
@@ -182,13 +183,14 @@ def test_a_timed_slots_sample_leaves_out_the_hosts_launch_time(tmp_path, monkeyp
 
     x = torch.randn(n, device="cuda")
     torch.testing.assert_close(op(x), 2 * x)
-    timed = [e["ms"] for e in _events(tmp_path) if e["event"] == "slot" and e["timed"]]
-    assert len(timed) == 10
-    later = sorted(timed[1:])  # the first timed slot comes before any span is known: the default lead
+    # 2 configs x 5 timed slots, and more if their near-tie is confirmed
+    timed = [e["ms"] for e in _events(tmp_path) if e["event"] == "slot" and e["timed"] and e["ms"] is not None]
+    assert len(timed) >= 10, timed
+    later = timed[1:]  # the first timed slot comes before any span is known: the default lead
     if lead:  # a 256 KB scale takes microseconds
-        assert later[-2] < 0.25, timed
+        assert statistics.median(later) < 0.1 and sum(t > 0.25 for t in later) <= len(later) // 10, timed
     else:
-        assert later[1] > 0.4, timed
+        assert statistics.median(later) > 0.4, timed
 
 
 def _scale(src, dst, n, BLOCK: tl.constexpr):

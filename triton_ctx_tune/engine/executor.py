@@ -459,7 +459,10 @@ class Executor:
                 state.overlapped = self.services.overlapping()
             timer = self.services.timer
             graph = timer if slot.timed and isinstance(timer, CudaGraphTimer) else None  # it times replays
-            token = timer.start(flush=True, head_start_s=self._lead.seconds()) if slot.timed and graph is None else None
+            token = None
+            if slot.timed and graph is None:
+                record.lead_s = self._lead.take(time.perf_counter())
+                token = timer.start(flush=True, head_start_s=record.lead_s)
             config = state.configs[slot.config]
             steady = slot.config in state.works  # a config's first launch here loads its binary: not a lead's measure
 
@@ -618,7 +621,8 @@ class Executor:
                                f"{what}{config} {result}{ran}",
                                step=step, kernel=state.kernel, key=list(state.key),
                                config_index=slot.config if r.slot else None, iteration=slot.iteration,
-                               timed=slot.timed, ms=r.ms, failure=r.failure, ran=r.ran)
+                               timed=slot.timed, ms=r.ms, failure=r.failure, ran=r.ran,
+                               lead_ms=None if r.lead_s is None else round(r.lead_s * 1e3, 4))
             state.records.clear()
 
 

@@ -46,6 +46,7 @@ class SlotRecord:
     sample: Callable[[], float] | None = None  # resolves to milliseconds at the end of the step
     failure: str | None = None
     ms: float | None = None
+    lead_s: float | None = None  # a timed launch's GPU sleep before its start event (runtime/timing.HostLead)
 
 
 @dataclass(kw_only=True)

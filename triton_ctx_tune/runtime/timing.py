@@ -57,22 +57,30 @@ class HostLead:
     load the node's cores) than the GPU takes to reach the start event, the GPU idles inside the span, and the
     sample counts the host's latency: on a GEMM space tuned beside its compiles (2 H200s, issue 35) the samples
     ran 1.2x do_bench's times on the key launched first in each step and about 1.0x on the next, which found the
-    GPU still busy. So the GPU first sleeps about twice the median host span of the recent timed launches.
-    (The median, not the maximum: a rare stall of the host is the reducer's outlier, and a sleep sized for it
-    would be paid on every slot.)"""
+    GPU still busy. So the GPU is kept about twice the median host span of the recent launches ahead of the
+    host. (The median, not the maximum: a rare stall of the host is the reducer's outlier, and a lead sized for
+    it would be paid on every slot.) What the GPU still has to run of the sleeps already queued counts towards
+    it: a step's second and third timed launch sleep only what the first one's sleep no longer covers, which
+    keeps a step's GPU tail at about one lead.
+    """
     FIRST_S = 1e-4  # before any span is known: Triton's launch path with hooks is tens of microseconds
     MAX_S = 2e-3
 
     def __init__(self) -> None:
         self._spans: deque[float] = deque(maxlen=16)
+        # When the GPU runs out of the sleeps queued so far, at the earliest (host clock): the GPU may be
+        # later (other work, the kernels themselves), never earlier, so the lead never comes up short by it.
+        self._queued_until = 0.0
 
-    def seconds(self) -> float:
-        if not self._spans:
-            return self.FIRST_S
-        return min(2 * statistics.median(self._spans) + 2e-5, self.MAX_S)
+    def take(self, now: float) -> float:
+        """The sleep to queue before a timed launch enqueued at host time `now` (seconds), noted as queued."""
+        want = self.FIRST_S if not self._spans else min(2 * statistics.median(self._spans) + 2e-5, self.MAX_S)
+        sleep = max(0.0, want - max(0.0, self._queued_until - now))
+        self._queued_until = max(self._queued_until, now) + sleep
+        return sleep
 
     def note(self, span_s: float) -> None:
-        """The host's time from recording a timed launch's start event to recording its end event."""
+        """The host's time to enqueue one launch of a loaded binary (hooks and launch)."""
         self._spans.append(span_s)
 
 

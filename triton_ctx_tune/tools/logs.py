@@ -60,8 +60,9 @@ EVENTS: dict[str, EventSpec] = dict([
           "another signature than the launch", "kernel", "key", "config_index", "config", "precompile_reason"),
     _spec("quarantine", "a key skips configs that killed an earlier process", "kernel", "key", "configs"),
     _spec("quarantine-recovered", "a slot an earlier process died in, found now", "id", "config", "reason"),
+    # lead_ms: a timed launch's GPU sleep before its start event, so that the host's latency stays out of ms
     _spec("slot", "one launch of a key in a tuning step", "step", "kernel", "key", "config_index", "iteration", "timed",
-          "ms", "failure", "ran"),
+          "ms", "failure", "ran", "lead_ms"),
     _spec("step", "one end-to-end timed step (a point, or objective='end_to_end')", "step", "point", "config_index",
           "kind", "iteration", "timed", "ms", "failure"),
     _spec("screen", "a screening pass's survivors (of a key or of a function's points)", "kept", "factor", "reduced",
