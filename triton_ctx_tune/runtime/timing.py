@@ -122,11 +122,13 @@ class CudaEventTimer:
     def start(self, flush: bool, head_start_s: float = 0.0) -> torch.cuda.Event:
         """Record the start on the current stream. `head_start_s`: keep the GPU busy that long first
         (torch.cuda._sleep), so that the host enqueues what follows ahead of the GPU, as it does in a
-        busy program, and the span measures the GPU's work rather than the host's launch latency."""
-        if flush and self.flush_l2:
-            _flush_l2()
+        busy program, and the span measures the GPU's work rather than the host's launch latency.
+        The sleep comes before the L2 flush: the kernel then starts right after the flush, as under
+        do_bench, with the flush's dirty lines still in L2 rather than a sleep's worth of idle behind them."""
         if head_start_s > 0:
             torch.cuda._sleep(int(head_start_s * _sleep_cycles_per_second()))
+        if flush and self.flush_l2:
+            _flush_l2()
         ev = torch.cuda.Event(enable_timing=True)
         ev.record(torch.cuda.current_stream())
         return ev
