@@ -97,3 +97,27 @@ def test_three_keys_rungs_compiled_together_stay_within_the_budget_when_compiles
             assert worst <= 6.617 and sum(r <= 1.03 for r in ratios) == len(ratios), (worst, ratios)
         else:
             assert worst > 6.617, worst
+
+
+def test_the_gemm_bench_retimes_every_arms_choice_and_the_exhaustive_arms_fastest_configs():
+    """bench_gemm_space's oracle pool, on a recorded run (call 1 of RESULTS.md section 33): per shape, each arm's
+    choice plus the exhaustive arm's N fastest by its own samples, so a choice is judged against the best of them."""
+    import gzip
+    import json
+    import math
+
+    from bench_gemm_space import oracle_pool
+
+    recorded = ROOT / "benchmarks" / "results" / "2026-11-27b-2xH200" / "gemm1152-call1-run1.json.gz"
+    runs = json.loads(gzip.open(recorded).read())["runs"]
+    pool = oracle_pool(runs, top=8)
+    assert sorted(pool) == sorted(runs[0]["reduced"])
+    for shape, reduced in runs[0]["reduced"].items():
+        timed = sorted((t, c) for c, t in reduced.items() if t is not None and math.isfinite(t))
+        fastest = {c for _, c in timed[:8]}
+        choices = {r["chosen"][shape] for r in runs}
+        assert pool[shape] == fastest | choices
+        assert len(fastest) == 8 and 8 <= len(pool[shape]) <= 8 + len(runs)
+    # the budget arm's choice on 16384x1024x1024 is none of the exhaustive arm's 8 fastest: it is re-timed anyway
+    assert runs[1]["chosen"]["16384x1024x1024"] in pool["16384x1024x1024"] - {c for _, c in sorted(
+        (t, c) for c, t in runs[0]["reduced"]["16384x1024x1024"].items() if t is not None and math.isfinite(t))[:8]}
