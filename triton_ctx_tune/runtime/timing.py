@@ -56,12 +56,12 @@ class HostLead:
     enqueue the launch (argument binding, the config's hooks, Triton's launcher; more while compile workers
     load the node's cores) than the GPU takes to reach the start event, the GPU idles inside the span, and the
     sample counts the host's latency: on a GEMM space tuned beside its compiles (2 H200s, issue 35) the samples
-    ran 1.2x do_bench's times on the key launched first in each step and about 1.0x on the next, which found the
-    GPU still busy. So the GPU is kept about twice the median host span of the recent launches ahead of the
-    host. (The median, not the maximum: a rare stall of the host is the reducer's outlier, and a lead sized for
-    it would be paid on every slot.) What the GPU still has to run of the sleeps already queued counts towards
-    it: a step's second and third timed launch sleep only what the first one's sleep no longer covers, which
-    keeps a step's GPU tail at about one lead.
+    ran 1.2x the exhaustive sweep's samples of the same configs on the key launched first in each step, and
+    about 1.0x on the next, which found the GPU still busy. So the GPU is kept about twice the median host span
+    of the recent launches ahead of the host. (The median, not the maximum: a rare stall of the host is the
+    reducer's outlier, and a lead sized for it would be paid on every slot.) What the GPU still has to run of
+    the sleeps already queued counts towards it: a step's second and third timed launch sleep only what the
+    first one's sleep no longer covers, which keeps a step's GPU tail at about one lead.
     """
     FIRST_S = 1e-4  # before any span is known: Triton's launch path with hooks is tens of microseconds
     MAX_S = 2e-3
