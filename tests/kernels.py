@@ -64,6 +64,16 @@ def costly(cost_ms: Callable[[dict[str, Any]], float]) -> Callable[[dict[str, An
     return hook
 
 
+def busy_host(seconds: float) -> Callable[[dict[str, Any]], None]:
+    """A config pre_hook that keeps the host busy `seconds` inside the launch (a descriptor's build, argument
+    packing), on every clock: unlike costly(), the GPU sees nothing of it unless it waits for the host."""
+    def hook(nargs: dict[str, Any]) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+    return hook
+
+
 def block_configs(blocks: list[int], slow: dict[int, float] | None = None) -> list[triton.Config]:
     slow = slow or {}
     return [triton.Config({"BLOCK": b}, num_warps=4,

@@ -711,13 +711,7 @@ def test_a_timed_launch_waits_twice_the_hosts_recent_launch_time_on_the_gpu(monk
 
     monkeypatch.setattr(timing.HostTimer, "start", start)
     hook_s = 4e-4
-
-    def busy_hook(nargs: dict) -> None:  # host work inside the launch: argument packing, a descriptor's build
-        end = time.perf_counter() + hook_s
-        while time.perf_counter() < end:
-            pass
-
-    kernel = triton.autotune(configs=[triton.Config({"BLOCK": b}, pre_hook=busy_hook) for b in (16, 32)],
+    kernel = triton.autotune(configs=[triton.Config({"BLOCK": b}, pre_hook=K.busy_host(hook_s)) for b in (16, 32)],
                              key=["n"])(triton.jit(K.add_one_.fn.fn))
 
     @contextual_autotune(**FAST)

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tests.kernels import autotuner, chosen
+from tests.kernels import autotuner, busy_host, chosen
 from triton_ctx_tune import contextual_autotune
 from triton_ctx_tune.runtime import timing
 
@@ -160,18 +160,9 @@ def test_a_head_start_keeps_the_hosts_launch_latency_out_of_an_end_to_end_sample
 def test_a_timed_slots_sample_leaves_out_the_hosts_launch_time(tmp_path, monkeypatch, lead):
     """A config hook that keeps the host 0.5 ms (a TMA descriptor's build, a node busy compiling) lands inside
     a timed slot's span when the GPU waits for the launch; the executor's lead (timing.HostLead) hides it."""
-    import time
-
-    hook_s = 5e-4
-
-    def busy_hook(nargs: dict) -> None:
-        end = time.perf_counter() + hook_s
-        while time.perf_counter() < end:
-            pass
-
     if not lead:
         monkeypatch.setattr(timing.HostLead, "take", lambda self, now: 0.0)
-    kernel = triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=4, pre_hook=busy_hook)
+    kernel = triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=4, pre_hook=busy_host(5e-4))
                                       for b in (1024, 2048)], key=["n"])(triton.jit(_scale))
     n = 1 << 16
 
