@@ -746,3 +746,15 @@ def test_the_gpu_lead_is_twice_the_median_host_span_less_what_queued_sleeps_stil
     for _ in range(8):
         lead.note(5e-3)
     assert lead.take(now=30.0) == timing.HostLead.MAX_S
+
+
+def test_an_end_to_end_head_start_covers_the_hosts_runs_less_the_gpus_work_before_the_last():
+    from triton_ctx_tune.runtime import timing
+
+    # all-gather + GEMM as tuned on 2 H200s: 2 ms of host work and 0.6 ms of GPU work per run, 3 runs.
+    # The host has enqueued run 3 after 3 x 2 ms (x 1.25); the GPU reaches it after the sleep and 2 runs.
+    assert timing.head_start(2e-3, 3, 6e-4) == pytest.approx(1.25 * 6e-3 - 2 * 6e-4 + 5e-5)
+    assert timing.head_start(2e-3, 3, 0.0) == pytest.approx(1.25 * 6e-3 + 5e-5)  # no sample yet: the host's alone
+    # A GPU slower than the host needs no more than one run's host time ahead of it.
+    assert timing.head_start(1e-3, 3, 5e-3) == pytest.approx(1.25e-3 + 5e-5)
+    assert timing.head_start(1e-2, 3, 0.0) == timing.HEAD_START_MAX_S

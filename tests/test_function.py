@@ -124,6 +124,30 @@ def test_an_end_to_end_step_runs_back_to_back_and_its_first_run_is_not_a_sample(
     assert decision["reduced"][1:] == pytest.approx(medians)
 
 
+def test_each_end_to_end_head_start_is_sized_on_the_fastest_sample_taken_before_it(tmp_path, monkeypatch):
+    """The GPU's sleep before a timed step counts the GPU's own work on the runs before the last
+    (timing.head_start): the floor it is given is the fastest end-to-end sample of the steps before."""
+    from triton_ctx_tune.engine import session as session_module
+    from triton_ctx_tune.runtime import timing
+
+    asked: list[tuple[float, int, float]] = []
+
+    def head_start(host_s: float, runs: int, gpu_s: float) -> float:
+        asked.append((host_s, runs, gpu_s))
+        return timing.head_start(host_s, runs, gpu_s)
+
+    monkeypatch.setattr(session_module, "head_start", head_start)
+    calls: list[int] = []
+    op = _chunked(calls, n_warmup=1, n_repeat=2, cache=False, e2e_runs=3, early_stop=False)
+    op(torch.ones(64, device=DEVICE))
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    timed = [e for e in events if e["event"] == "step" and e["timed"]]
+    assert len(asked) == len(timed) >= 6 and all(runs == 3 and host_s > 0 for host_s, runs, _ in asked[1:])
+    floors = [min((v for e in timed[:i] for v in e["ms"]), default=0.0) / 1e3 for i in range(len(timed))]
+    assert [gpu_s for _, _, gpu_s in asked] == pytest.approx(floors)
+    assert floors[0] == 0.0 and floors[-1] >= COST[2] / 1e3  # chunks=2's 10 ms is the fastest run there is
+
+
 def test_key_fn_separates_tunings_and_prune_fn_drops_points_before_they_run():
     calls: list[int] = []
 

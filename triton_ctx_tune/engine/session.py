@@ -21,6 +21,7 @@ from ..errors import CollectiveTimeoutError, CtxTuneError, NoValidPointError, Ra
 from ..options import TuneOptions
 from ..runtime.collectives import Collectives
 from ..runtime.libraries import forget
+from ..runtime.timing import head_start
 from ..tools.logs import RankLog, fmt_ms
 from . import schedule
 from .decisions import Decisions, TunedKey, plain_point
@@ -32,7 +33,6 @@ from .services import CallServices, StepServices
 from .state import KeyState
 from .validate import StepChecks, Validator
 
-HEAD_START_MAX_S = 0.02  # the longest the GPU waits before an end-to-end sample (run_step)
 # A seconds call budget counts this many steps ahead (at the median of the last ones) for what follows the step that
 # spends it, the decisions and the final run, and for the step in between checks; from the RESERVE_AFTER-th step
 # measured (_over_budget). On all-gather + GEMM (2 H200s) the spending step's end to the call's end took 1.8 to 7.0
@@ -126,6 +126,7 @@ class Session:
         self._clock = StepClock()
         self._budget_said = False  # the call-budget event is written once, when the call's budget is first spent
         self._host_s = 0.0  # the host side of the last execution (run_step): an end-to-end sample's head start
+        self._gpu_floor_s = 0.0  # the fastest end-to-end sample so far: the GPU's part of the head start
 
     # What call.py, tuner.py and function_tuner.py read of the executor and the services.
     @property
@@ -210,12 +211,13 @@ class Session:
                     # A sample would include the host's time to enqueue each launch whenever the GPU waits for
                     # the host, which a busy program hides: points with more launches (a chunked all-gather's)
                     # would look slower than they run. So the GPU first waits about as long as the host takes
-                    # to enqueue all the step's runs: they are then queued back to back, and the collectives in
-                    # them keep the ranks in step. (Waiting only one execution's host time, a later run found
+                    # to enqueue all the step's runs, less its own work on the runs before the last
+                    # (timing.head_start): they are then queued back to back, and the collectives in them keep
+                    # the ranks in step. (Waiting only one execution's host time, a later run found
                     # the GPU idle wherever the host was the slower: all-gather + GEMM on an H200, 0.6 ms of
                     # GPU work per execution and about as much host work while tuning; issue 35.)
-                    head_start = min(1.25 * self._host_s * runs + 5e-5, HEAD_START_MAX_S) if run == 0 else 0.0
-                    token = timer.start(flush=True, head_start_s=head_start)
+                    lead = head_start(self._host_s, runs, self._gpu_floor_s) if run == 0 else 0.0
+                    token = timer.start(flush=True, head_start_s=lead)
                 result = execute(a.kwargs)
                 if token is not None:
                     samples.append(timer.stop(token))
@@ -369,6 +371,9 @@ class Session:
             return
         ok = slot.config not in m.failures
         ms = [sample() for sample in samples] if ok and slot.timed else []
+        if ms:
+            floor = min(ms) / 1e3
+            self._gpu_floor_s = floor if self._gpu_floor_s == 0.0 else min(self._gpu_floor_s, floor)
         if ok:
             m.works.add(slot.config)
             m.samples[slot.config] += [functools.partial(float, v) for v in ms]

@@ -84,6 +84,23 @@ class HostLead:
         self._spans.append(span_s)
 
 
+HEAD_START_MAX_S = 0.02  # the longest the GPU waits before an end-to-end step's runs
+
+
+def head_start(host_s: float, runs: int, gpu_s: float) -> float:
+    """The GPU sleep before an end-to-end step of `runs` executions, each `host_s` of host work to enqueue and
+    at least `gpu_s` of GPU work (the fastest sample the call has taken; 0 before any).
+
+    Every run after the first is sampled, and a sample must hold the GPU's work alone: the GPU must not reach
+    a run before the host has enqueued it. The host has enqueued run k after k x host_s, and the GPU reaches
+    it after the sleep and the k - 1 runs before it, so the sleep needs runs x host_s - (runs - 1) x gpu_s.
+    The host's time gets a quarter of margin (it varies from step to step); the GPU's is its floor. Sized
+    on the host alone (1.25 x runs x host_s), all-gather + GEMM's steps (2 ms of host and 0.6 ms of GPU work
+    per run, 3 runs) slept 1.2 ms longer than needed, about a tenth of each step (issue 35)."""
+    need = 1.25 * host_s * runs - (runs - 1) * gpu_s
+    return min(max(need, 1.25 * host_s) + 5e-5, HEAD_START_MAX_S)
+
+
 class Timer(Protocol):
     """What a tuning call uses of a timer. start()'s token (a host time, a CUDA event) is the timer's own:
     only the same timer's stop() reads it, so its type is the one thing the protocol leaves open."""
