@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-vanilla", action="store_true", help="skip the plain triton.autotune baseline")
     p.add_argument("--rep-ms", type=int, help="quality: do_bench rep (ms) per config (default 200)")
     p.add_argument("--rounds", type=int, help="quality: interleaved op-latency rounds (default 10; --small 2)")
+    p.add_argument("--retime-rounds", type=int,
+                   help="quality: interleaved rounds re-timing the exhaustive pass's close configs "
+                        "(default 5; --small 2)")
     p.add_argument("--quality-calls", type=int, default=1,
                    help="quality: tuning calls scored (each with its caches cleared; the first one cold; default 1)")
     p.add_argument("--op-iters", type=int, help="timed op calls per round (default 30; --small 2)")
@@ -59,8 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     small = args.small
     defaults = {"M": (4096, 32), "H": (4096, 64), "I": (14336, 96), "rep_ms": (200, 1), "rounds": (10, 2),
-                "op_iters": (30, 2), "dispatch_rounds": (40, 3), "dispatch_launches": (1000, 5),
-                "scaling_repeats": (3, 2)}
+                "retime_rounds": (5, 2), "op_iters": (30, 2), "dispatch_rounds": (40, 3),
+                "dispatch_launches": (1000, 5), "scaling_repeats": (3, 2)}
     for name, (big, tiny) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, tiny if small else big)

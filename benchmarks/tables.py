@@ -397,6 +397,41 @@ def table_dispatch(args: argparse.Namespace, ranks: Ranks, log_dir: str) -> Tabl
 
 # ---- 5. quality --------------------------------------------------------------------------------------
 
+# The single do_bench pass runs each config for rep_ms back to back, in config order, as the GPU warms: on 2 H200s
+# the MLP's two fastest GEMM configs (3 and 4 stages) came out 2.5% apart in it, while 3 rounds of the same
+# do_bench put them within 0.6% either way, and launched one at a time (the tuner's way) the 3-stage one 0.7%
+# ahead (RESULTS section 34). So the configs close to that pass's best are timed again, interleaved.
+RETIME_BAND = 0.05
+
+
+def retime_oracle(op: Op, ranks: Ranks, exhaustive: dict[str, Any], picks: list[dict[str, int]], rep_ms: int,
+                  rounds: int) -> None:
+    """Re-time each role's configs within RETIME_BAND of the single pass's best, and the tuning calls' picks, in
+    `rounds` interleaved rounds (the slowest rank per round, the median over rounds). Their times replace the
+    single pass's in ms_max_over_ranks, and the best is the fastest of them (a config left out was RETIME_BAND
+    behind in the pass; its time there is not comparable with the rounds'). The single pass stays in
+    ms_single_pass."""
+    for role in op.roles:
+        e = exhaustive[role]
+        single = list(e["ms_max_over_ranks"])
+        e["ms_single_pass"] = single
+        best = min(single)
+        close = sorted({i for i, t in enumerate(single) if t <= best * (1 + RETIME_BAND)}
+                       | {p[role] for p in picks if role in p})
+        if rounds < 1 or len(close) < 2:
+            continue
+        at = op.ks.for_role(role)
+        per_round: dict[int, list[float]] = {i: [] for i in close}
+        for r in range(rounds):
+            for i in close[r % len(close):] + close[:r % len(close)]:
+                per_round[i].append(max(ranks.gather(kernel_ms(op.role_call(role, at.configs[i]), rep_ms))))
+        retimed = {i: median(ts) for i, ts in per_round.items()}
+        e["retimed"] = {str(i): {"ms": retimed[i], "ms_per_round": per_round[i]} for i in close}
+        e["ms_max_over_ranks"] = [retimed.get(i, t) for i, t in enumerate(single)]
+        e["best"] = min(retimed, key=lambda i: (retimed[i], i))
+        e["best_ms"] = retimed[e["best"]]
+
+
 def table_quality(b: Bench) -> TableResult:
     b.ensure_ours()
     while len(b.ours_runs) < getattr(b.args, "quality_calls", 1):  # more calls' picks, each decided afresh
@@ -424,16 +459,25 @@ def table_quality(b: Bench) -> TableResult:
         exhaustive[role] = {"configs": [config_text(c) for c in at.configs], "ms_per_rank": per_rank,
                             "ms_max_over_ranks": reduced, "best": best, "best_ms": reduced[best]}
 
-    def regret(picks: dict[str, int], times: Callable[[str], list[float]]) -> dict[str, Any]:
-        ratios = {role: times(role)[picks[role]] / min(times(role)) for role in op.roles if role in picks}
+    retime_oracle(op, ranks, exhaustive, [r["index"] for r in b.ours_runs], args.rep_ms, args.retime_rounds)
+
+    def regret(picks: dict[str, int], times: Callable[[str], list[float]],
+               best: Callable[[str], float] | None = None) -> dict[str, Any]:
+        ratios = {role: times(role)[picks[role]] / (best(role) if best else min(times(role)))
+                  for role in op.roles if role in picks}
         g = geomean(list(ratios.values()))
         return {"ratio": ratios, "regret_pct": {k: 100 * (v - 1) for k, v in ratios.items()},
                 "geomean_regret_pct": 100 * (g - 1)}
 
     reduced_of = lambda role: exhaustive[role]["ms_max_over_ranks"]  # noqa: E731
-    ours_regret = [{"label": r["label"], **regret(r["index"], reduced_of)} for r in b.ours_runs]
+    ours_regret = [{"label": r["label"], **regret(r["index"], reduced_of, lambda role: exhaustive[role]["best_ms"])}
+                   for r in b.ours_runs]
+    single_of = lambda role: exhaustive[role]["ms_single_pass"]  # noqa: E731
+    single = [regret(r["index"], single_of) for r in b.ours_runs]
     main = ours_regret[0]
     s: dict[str, Any] = {"regret_geomean_pct": main["geomean_regret_pct"],
+                         "regret_geomean_pct_single_pass": single[0]["geomean_regret_pct"],
+                         "regret_max_pct_single_pass": max(max(r["regret_pct"].values()) for r in single),
                          "regret_max_pct": max(main["regret_pct"].values()),
                          "regret_geomean_pct_worst_call": max(r["geomean_regret_pct"] for r in ours_regret),
                          "tuning_calls_scored": len(ours_regret)}
@@ -489,7 +533,10 @@ def table_quality(b: Bench) -> TableResult:
                Target("op latency chosen / exhaustive winners (median of rounds)", s["op_ratio_chosen"], "~1.0 (info)",
                       None)]
     notes.append(f"exhaustive: triton.testing.do_bench(rep={args.rep_ms} ms) per config on fixed arguments (GELU on "
-                 "a scratch copy), the slowest rank's median counts; regret = chosen/best - 1 per (kernel, key), "
+                 "a scratch copy), the slowest rank's median counts; the configs within "
+                 f"{RETIME_BAND:.0%} of that pass's best, and every call's picks, re-timed in {args.retime_rounds} "
+                 "interleaved rounds (median of rounds; *_single_pass: the one pass alone); "
+                 "regret = chosen/best - 1 per (kernel, key), "
                  "geomean over keys; op ratios: median over rounds of (variant / exhaustive), each round a "
                  f"{args.op_iters}-call median (L2 flushed before each call)")
     if interpreting():

@@ -758,3 +758,45 @@ def test_an_end_to_end_head_start_covers_the_hosts_runs_less_the_gpus_work_befor
     # A GPU slower than the host needs no more than one run's host time ahead of it.
     assert timing.head_start(1e-3, 3, 5e-3) == pytest.approx(1.25e-3 + 5e-5)
     assert timing.head_start(1e-2, 3, 0.0) == timing.HEAD_START_MAX_S
+
+
+def test_a_tuning_call_keeps_the_collector_off_older_objects_and_hands_them_back_on_every_exit():
+    """runtime/collector.py: the objects alive when a tuning call starts are frozen for its executions (a full
+    collection then walks only what the call made), and unfrozen when it ends, as it ends. A warm call freezes
+    nothing, and a program's own freeze is left as it was."""
+    import gc
+
+    kernel = triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (16, 32)], key=["n"])(
+        triton.jit(K.add_one_.fn.fn))
+    frozen: list[int] = []
+
+    @contextual_autotune(**FAST, confirm=False)  # (no re-timing of near-ties: 7 executions per key, always)
+    def op(x: torch.Tensor, fail: bool = False) -> torch.Tensor:
+        frozen.append(gc.get_freeze_count())
+        y = x.clone()
+        kernel[grid(y.numel())](y, y.numel())
+        if fail and len(frozen) > 2:
+            raise RuntimeError("the function's own error")
+        return y
+
+    assert gc.get_freeze_count() == 0
+    torch.testing.assert_close(op(ramp(64)), ramp(64) + 1)
+    # The first execution started warm, before its first launch made it a tuning call; every later one is frozen.
+    assert len(frozen) == 7 and frozen[0] == 0 and all(n > 0 for n in frozen[1:]), frozen
+    assert gc.get_freeze_count() == 0
+    frozen.clear()
+    op(ramp(64))  # warm: every key is tuned
+    assert frozen == [0] and gc.get_freeze_count() == 0
+    frozen.clear()
+    with pytest.raises(RuntimeError, match="the function's own error"):
+        op(ramp(32), fail=True)
+    assert len(frozen) == 3 and frozen[1] > 0 and gc.get_freeze_count() == 0
+    gc.freeze()  # the program's own (a fork server's, say): the call neither adds to it nor undoes it
+    try:
+        mine = gc.get_freeze_count()
+        frozen.clear()
+        op(ramp(16))
+        # (reference counting still frees frozen objects: the count only falls)
+        assert len(frozen) == 7 and all(0 < n <= mine for n in frozen) and 0 < gc.get_freeze_count() <= mine
+    finally:
+        gc.unfreeze()

@@ -162,28 +162,32 @@ class FunctionAutotuner(ContextualAutotuner[R]):
             session = Session(self.name, opts, PointTunable(configs=points, n_warmup=opts.n_warmup,
                                                             n_repeat=opts.n_repeat, function=self.name,
                                                             early_stop=opts.resolved_early_stop()))
-            lookup = function_cache.lookup(opts.resolved_cache_dir(), function_cache.function_identity(
-                self.fn, self.name, key, points, session.comm.world, opts.objective, opts.reduce, opts.stat,
-                None if (budget := opts.resolved_budget()) is None else f"{budget.limit:g} {budget.measure}"),
-                session.comm, opts.resolved_retune(), opts.resolved_shipped())
-            if lookup.hit:
-                assert lookup.entry is not None and session.search.points is not None
-                winner = int(lookup.entry["winner"]["index"])
-                session.search.points.winner = winner
-                session.executor.pins = lookup.pins()  # the executor installs them as launches meet them
-                session.stats.cache_hits += 1
-                session.ensure_header()
-                session.log.write("cache-hit", f"cache-hit function={self.name} key={key!r} winner=point#{winner} "
-                                  f"{points[winner]} from {lookup.where}", function=self.name, key=repr(key),
-                                  winner=winner, path=str(lookup.path), entry=lookup.entry, source=lookup.source)
-                session.log.summary(f"{self.name}: point {points[winner]} (from the tuning cache, tuned "
-                                    f"{lookup.entry['tuned']['date']})")
-            elif lookup.stale is not None:  # rank 0: a shipped entry of this key that does not apply, and why
-                session.ensure_header()
-                line, fields = lookup.stale.describe(self.name, repr(key))
-                session.log.write("cache-stale", line, **fields)
-            session.on_point_decided = functools.partial(self._store, lookup)
-            call.session = session
+            try:
+                lookup = function_cache.lookup(opts.resolved_cache_dir(), function_cache.function_identity(
+                    self.fn, self.name, key, points, session.comm.world, opts.objective, opts.reduce, opts.stat,
+                    None if (budget := opts.resolved_budget()) is None else f"{budget.limit:g} {budget.measure}"),
+                    session.comm, opts.resolved_retune(), opts.resolved_shipped())
+                if lookup.hit:
+                    assert lookup.entry is not None and session.search.points is not None
+                    winner = int(lookup.entry["winner"]["index"])
+                    session.search.points.winner = winner
+                    session.executor.pins = lookup.pins()  # the executor installs them as launches meet them
+                    session.stats.cache_hits += 1
+                    session.ensure_header()
+                    session.log.write("cache-hit", f"cache-hit function={self.name} key={key!r} winner=point#{winner} "
+                                      f"{points[winner]} from {lookup.where}", function=self.name, key=repr(key),
+                                      winner=winner, path=str(lookup.path), entry=lookup.entry, source=lookup.source)
+                    session.log.summary(f"{self.name}: point {points[winner]} (from the tuning cache, tuned "
+                                        f"{lookup.entry['tuned']['date']})")
+                elif lookup.stale is not None:  # rank 0: a shipped entry of this key that does not apply, and why
+                    session.ensure_header()
+                    line, fields = lookup.stale.describe(self.name, repr(key))
+                    session.log.write("cache-stale", line, **fields)
+                session.on_point_decided = functools.partial(self._store, lookup)
+                call.session = session
+            except BaseException as e:
+                session.close(type(e), e)  # (its services hold the stream watch and the collector's freeze)
+                raise
         result = self._drive(call, args, kwargs, point)
         if tune is not None and call.session is not None:
             self._remember(tune[0], call.session)
