@@ -760,43 +760,59 @@ def test_an_end_to_end_head_start_covers_the_hosts_runs_less_the_gpus_work_befor
     assert timing.head_start(1e-2, 3, 0.0) == timing.HEAD_START_MAX_S
 
 
-def test_a_tuning_call_keeps_the_collector_off_older_objects_and_hands_them_back_on_every_exit():
-    """runtime/collector.py: the objects alive when a tuning call starts are frozen for its executions (a full
-    collection then walks only what the call made), and unfrozen when it ends, as it ends. A warm call freezes
-    nothing, and a program's own freeze is left as it was."""
+def test_while_a_call_tunes_the_collector_runs_between_steps_only_and_is_back_on_after_every_exit():
+    """runtime/collector.py: automatic collection is off for a tuning call's executions (a full collection's pause
+    would land in a sample or a budget), the young generations are collected between steps, so each execution's
+    cycles are freed a step later, and the collector is back on when the call ends, as it ends. A warm call
+    leaves it alone, and so does a call in a program that turned it off."""
     import gc
+    import weakref
 
     kernel = triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (16, 32)], key=["n"])(
         triton.jit(K.add_one_.fn.fn))
-    frozen: list[int] = []
+    enabled: list[bool] = []
+    cycles: list[weakref.ref] = []
+    alive: list[int] = []
+    kept: list[list[list[int]]] = []
+
+    class Node:
+        pass
 
     @contextual_autotune(**FAST, confirm=False)  # (no re-timing of near-ties: 7 executions per key, always)
     def op(x: torch.Tensor, fail: bool = False) -> torch.Tensor:
-        frozen.append(gc.get_freeze_count())
+        enabled.append(gc.isenabled())
+        alive.append(sum(r() is not None for r in cycles))  # the cycles of earlier executions still in memory
+        node = Node()
+        node.me = node  # garbage that only the cyclic collector frees
+        cycles.append(weakref.ref(node))
+        kept.append([[] for _ in range(gc.get_threshold()[0] + 100)])  # enough new objects to call for a collection
         y = x.clone()
         kernel[grid(y.numel())](y, y.numel())
-        if fail and len(frozen) > 2:
+        if fail and len(enabled) > 2:
             raise RuntimeError("the function's own error")
         return y
 
-    assert gc.get_freeze_count() == 0
+    assert gc.isenabled()
     torch.testing.assert_close(op(ramp(64)), ramp(64) + 1)
-    # The first execution started warm, before its first launch made it a tuning call; every later one is frozen.
-    assert len(frozen) == 7 and frozen[0] == 0 and all(n > 0 for n in frozen[1:]), frozen
-    assert gc.get_freeze_count() == 0
-    frozen.clear()
+    # The first execution started warm, before its first launch made it a tuning call; every later one is off.
+    assert enabled == [True] + [False] * 6, enabled
+    # Each execution makes more new objects than the collector's first threshold, so each step boundary's young
+    # collection frees the cycle made before it: never more than the last one is left in memory.
+    assert alive == [0] + [1] * 6, alive
+    assert gc.isenabled()
+    enabled.clear()
     op(ramp(64))  # warm: every key is tuned
-    assert frozen == [0] and gc.get_freeze_count() == 0
-    frozen.clear()
+    assert enabled == [True] and gc.isenabled()
+    enabled.clear()
     with pytest.raises(RuntimeError, match="the function's own error"):
         op(ramp(32), fail=True)
-    assert len(frozen) == 3 and frozen[1] > 0 and gc.get_freeze_count() == 0
-    gc.freeze()  # the program's own (a fork server's, say): the call neither adds to it nor undoes it
+    assert enabled == [True, False, False] and gc.isenabled()
+    gc.disable()  # the program's own choice: the call neither collects between steps nor turns it back on
     try:
-        mine = gc.get_freeze_count()
-        frozen.clear()
+        enabled.clear()
+        cycles.clear()
+        alive.clear()
         op(ramp(16))
-        # (reference counting still frees frozen objects: the count only falls)
-        assert len(frozen) == 7 and all(0 < n <= mine for n in frozen) and 0 < gc.get_freeze_count() <= mine
+        assert enabled == [False] * 7 and alive == list(range(7)) and not gc.isenabled()
     finally:
-        gc.unfreeze()
+        gc.enable()

@@ -184,7 +184,7 @@ class FunctionAutotuner(ContextualAutotuner[R]):
                     line, fields = lookup.stale.describe(self.name, repr(key))
                     session.log.write("cache-stale", line, **fields)
                 session.on_point_decided = functools.partial(self._store, lookup)
-                call.session = session
+                call.attach(session)
             except BaseException as e:
                 session.close(type(e), e)  # (its services hold the stream watch and the collector's freeze)
                 raise

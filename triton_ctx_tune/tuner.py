@@ -150,7 +150,7 @@ class ContextualAutotuner(Generic[R]):
         session = self._online
         if session is not None:
             session.begin_step(midway=True)
-            call.session = session
+            call.attach(session)
         resolver.enter(call)
         try:
             result = self.fn(*args, **kwargs)

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..errors import EmptyConfigSpaceError, TuneDuringCaptureError
 from ..options import TuneOptions
+from ..runtime import collector
 from ..runtime.compat import (
     Autotuner,
     config_failure_reason,
@@ -38,7 +40,7 @@ _start_lock = threading.Lock()
 
 class Call:
     __slots__ = ("function", "opts", "session", "closed", "started", "wall_s", "token", "previous", "guard",
-                 "late_guard", "defer", "deferred")
+                 "late_guard", "defer", "deferred", "collecting")
 
     def __init__(self, function: str, opts: TuneOptions) -> None:
         self.function = function
@@ -56,6 +58,14 @@ class Call:
         # next call, watched from its start, tunes it.
         self.defer = False
         self.deferred: list[tuple[str, tuple]] = []
+        self.collecting: Callable[[], None] | None = None  # collector.hold's undo, while this call tunes
+
+    def attach(self, session: Session) -> None:
+        """Make this a tuning call of `session` (new, or an online one going on): until the call ends, Python's
+        garbage collector runs between its steps only (runtime/collector.py)."""
+        self.session = session
+        if self.collecting is None:
+            self.collecting = collector.hold()
 
     def launch(self, at: Autotuner, args: tuple, kwargs: dict[str, Any]) -> Any:
         if self.guard is not None and restores(at):  # (a watched call only: warm calls pay nothing)
@@ -111,22 +121,27 @@ class Call:
     def start_session(self, at: Autotuner, key: tuple | None) -> Session:
         """Turn this call into a tuning call; the execution in progress is its first step."""
         with _start_lock:
-            if self.session is None:
+            current = self.session
+            if current is None:
                 if key is not None and _stream_capturing():
                     raise TuneDuringCaptureError(self.function, kernel_name(at), key)
-                session = Session(self.function, self.opts)
-                session.begin_step(midway=True)
-                self.session = session
-        return self.session
+                current = Session(self.function, self.opts)
+                current.begin_step(midway=True)
+                self.attach(current)
+        return current
 
     def close(self, exc_type: type[BaseException] | None = None, exc: BaseException | None = None,
               keep_session: bool = False) -> None:
         """End the call; its session too, unless it goes on in the next call (online tuning)."""
         self.closed = True
         self.wall_s = time.perf_counter() - self.started
-        if self.session is not None and not keep_session:
-            self.session.close(exc_type, exc)
-            after_tuning()
+        try:
+            if self.session is not None and not keep_session:
+                self.session.close(exc_type, exc)
+                after_tuning()
+        finally:
+            if self.collecting is not None:
+                self.collecting()
 
     @property
     def stats(self) -> CallStats:

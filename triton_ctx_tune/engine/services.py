@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ..runtime import collector, streams
+from ..runtime import streams
 from ..runtime.collectives import Collectives
 from ..runtime.timing import Timer, make_timer
 from ..store.cache import TuningCache, resolve_dir
@@ -40,7 +40,6 @@ class CallServices:
         # Re-execution notes the streams the function works on: a key that overlaps their work is confirmed
         # end to end under objective="auto" (decisions.py). Online calls cannot time a step end to end.
         self._unwatch = streams.watch() if not opts.online and opts.objective == "auto" else (lambda: None)
-        self._thaw = collector.hold()  # a full collection's pause stays out of the call's samples and budget
 
     @staticmethod
     def overlapping() -> bool:
@@ -116,7 +115,6 @@ class CallServices:
     def close(self, stats: CallRecord, started: float, exc_type: type[BaseException] | None = None,
               exc: BaseException | None = None) -> None:
         """Release what was built, and log the call's end if anything was logged."""
-        self._thaw()
         self._unwatch()
         quarantine: Quarantine | None = self.__dict__.get("quarantine")  # (only if it was built)
         if quarantine is not None:

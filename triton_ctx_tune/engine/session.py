@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import CollectiveTimeoutError, CtxTuneError, NoValidPointError, RankMismatchError, ScheduleMismatchError
 from ..options import TuneOptions
+from ..runtime import collector
 from ..runtime.collectives import Collectives
 from ..runtime.libraries import forget
 from ..runtime.timing import head_start
@@ -178,6 +179,7 @@ class Session:
 
     def begin_step(self, midway: bool = False) -> Assignment:
         """Plan the next step; `midway`: the execution in progress became the first step (call.py)."""
+        collector.between_steps()  # outside every sample: the step's own cycles, freed before the next one runs
         self._slot_marks = {id(s): s.next_slot for s in self.search.kernels.values() if not s.decided}
         self.comm.at(self.stats.executions + 1, f"running step {self.stats.executions + 1}")
         assignment = self.search.assignment()

@@ -1,13 +1,13 @@
-"""A tuning call keeps Python's cyclic garbage collector off the objects that were alive before it.
+"""While a call tunes, Python's cyclic garbage collector runs between steps, never inside one.
 
-A full collection walks every object the collector tracks. With torch, Triton and NCCL loaded, each took 0.1
-to 0.13 s on the all-gather + GEMM benchmark's processes (2 H200s, RESULTS section 34), at whatever step the
-allocation counts trigger it: inside a timed step it lands in a sample, and it is a tenth of a 1.8 s budget.
-gc.freeze() moves the objects alive at the call's start to a generation the collector never walks, so the
-collections the call triggers walk only what the call made; the undo (gc.unfreeze) hands them back to the
-program's collections. Reference counting frees frozen objects as usual: only cycles among them wait for
-the undo. A program that froze objects itself (before forking workers, say) keeps its freeze: the call then
-holds nothing, and does not unfreeze what it did not freeze.
+On the all-gather + GEMM benchmark's processes (torch, Triton and NCCL loaded, 2 H200s) a full collection took
+0.12 to 0.16 s, at whatever step the allocation counts triggered it: the two stalls of that size that took
+budget=10% of the sweep past its budget began with one each (RESULTS section 34), and inside a timed step such
+a pause lands in a sample. So for as long as a call tunes, automatic collection is off, as timeit turns it off
+while it times; between steps, outside every sample, the young generations are collected whenever their counts
+call for it, as the collector's own thresholds would, so the cycles the executions leave are freed about when
+they would have been (a cycle may hold a GPU tensor). Full collections wait for the call's end. A program that
+turned the collector off keeps it off.
 """
 from __future__ import annotations
 
@@ -16,31 +16,41 @@ import threading
 from collections.abc import Callable
 
 _lock = threading.Lock()
-_holders = 0  # tuning calls holding the freeze (an online session spans calls; two functions may tune at once)
-_froze = False  # whether the first holder froze (it does not where the program had frozen objects already)
+_holders = 0  # calls tuning now (two functions' calls may tune at once on different threads)
+_ours = False  # whether the collector was on when the first of them began, so that the last one turns it back on
 
 
 def hold() -> Callable[[], None]:
-    """Freeze the objects alive now until the returned undo runs (once; later calls of it do nothing)."""
-    global _holders, _froze
+    """Automatic collection off until the returned undo runs (once; later calls of the undo do nothing)."""
+    global _holders, _ours
     with _lock:
         _holders += 1
         if _holders == 1:
-            _froze = gc.isenabled() and gc.get_freeze_count() == 0
-            if _froze:
-                gc.freeze()
+            _ours = gc.isenabled()
+            if _ours:
+                gc.disable()
     released = False
 
     def undo() -> None:
-        global _holders, _froze
+        global _holders, _ours
         nonlocal released
         with _lock:
             if released:
                 return
             released = True
             _holders -= 1
-            if _holders == 0 and _froze:
-                gc.unfreeze()
-                _froze = False
+            if _holders == 0 and _ours:
+                gc.enable()
+                _ours = False
 
     return undo
+
+
+def between_steps() -> None:
+    """The young collections the collector would have made during the last step, made now (none while no call
+    holds it off, or where the program turned it off)."""
+    if not _ours:
+        return
+    count, threshold = gc.get_count(), gc.get_threshold()
+    if threshold[0] and count[0] > threshold[0]:
+        gc.collect(1 if count[1] >= threshold[1] else 0)
