@@ -1,8 +1,10 @@
 """What only a GPU shows: CUDA-event timing, the L2 flush, and real out-of-resources failures."""
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
+import types
 from typing import Any
 
 import pytest
@@ -277,3 +279,60 @@ def test_budgeted_keys_compile_their_new_rungs_together_in_a_step_of_their_own(t
         assert after and after[0]["step"] == before[-1] + 2
         assert {e["config_index"] for e in after if e["step"] == after[0]["step"]} <= set(rung["configs"])
     autotuner(_budgeted_matmul).cache.clear()
+
+
+def test_a_described_configs_launcher_is_built_while_it_compiles_not_at_its_first_load(tmp_path, monkeypatch):
+    """Triton 3.4 to 3.6 build a C launcher per kernel signature at the first load of a binary; describing a config
+    (precompile does, before a worker compiles it) builds it on a thread, so the load runs no C compiler."""
+    from triton.runtime import build
+
+    from triton_ctx_tune.runtime import compat
+
+    if compat._launcher_builder() is None:
+        pytest.skip("this Triton has one launcher for every signature")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    with contextlib.suppress(AttributeError):
+        monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))
+    builds: list[str] = []
+    real = build._build
+
+    def counted(name: str, *a: Any, **k: Any) -> Any:
+        if name == "__triton_launcher":  # (not the driver's helper module, which a fresh cache dir builds too)
+            builds.append(name)
+        return real(name, *a, **k)
+    monkeypatch.setattr(build, "_build", counted)
+
+    x = torch.arange(1000, device="cuda", dtype=torch.float32)
+    out = torch.empty_like(x)
+    at = autotuner(_scale)
+    config = at.configs[0]
+    described = compat.describe_compile(at, config, (x, out, 1000, 2.5), {})
+    assert described.spec is not None and not described.cached
+    compat.await_launcher(types.SimpleNamespace(src=types.SimpleNamespace(signature=described.spec.signature)))
+    assert builds == ["__triton_launcher"]  # built on the thread, before the kernel is compiled
+    kernel = compat.compile_only(at, [config], (x, out, 1000, 2.5), {})[0]
+    compat.load_binary(kernel)
+    assert builds == ["__triton_launcher"]  # the load found it in Triton's cache
+    _scale[(1,)](x, out, 1000, 2.5)
+    torch.testing.assert_close(out, x * 2.5)
+
+    # Without the description (a kernel of another signature): the load builds its launcher, as Triton does.
+    y = torch.zeros(1000, device="cuda", dtype=torch.int32)
+    kernel = compat.compile_only(autotuner(_fill), [autotuner(_fill).configs[0]], (y, 1000, 7), {})[0]
+    compat.load_binary(kernel)
+    assert builds == ["__triton_launcher", "__triton_launcher"]
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 1024}, num_warps=4)], key=["n"])
+@triton.jit
+def _scale(x, out, n, factor, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=mask) * factor, mask=mask)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 1024}, num_warps=4)], key=["n"])
+@triton.jit
+def _fill(y, n, value, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y + offs, tl.full((BLOCK,), value, tl.int32), mask=offs < n)

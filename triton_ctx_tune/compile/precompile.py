@@ -64,6 +64,7 @@ from ..runtime.compat import (
     Described,
     LaunchSpec,
     SignatureUnknown,
+    await_launcher,
     compile_only,
     config_failure_reason,
     describe_compile,
@@ -533,6 +534,8 @@ class _BatchCompile:
             if i not in out.places:  # compiled by that launch, on this thread
                 out.places[i] = HERE
                 self._compiled(i, time.perf_counter() - began)
+            if i == self.first:
+                await_launcher(kernel)  # its first launch loads it, on the execution's path
             if out.first_s is None:
                 out.first_s = time.perf_counter() - self.started
             if self.on_ready is not None:

@@ -36,7 +36,7 @@ from triton.runtime.interpreter import InterpretedFunction
 __all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "interpret_mode", "tuning_key",
            "prune_configs", "RUN_LEAVES", "note_run", "launch_config", "launch_cached", "compile_only",
            "SignatureUnknown", "hooked_launch_args",
-           "prime_compiler_hash", "prime_interpreter", "load_binary", "reset_before_final_launch",
+           "prime_compiler_hash", "prime_interpreter", "load_binary", "await_launcher", "reset_before_final_launch",
            "config_failure_reason", "kernel_name", "JitInfo", "jit_info", "jit_function",
            "inner_heuristics", "constexpr_value", "aggregate_members", "is_triton_builtin",
            "autotuner_definition", "autotuner_hooks", "explain_error", "interpreter_numpy_note",
@@ -347,7 +347,75 @@ def load_binary(compiled: Any) -> None:
     """
     init = getattr(compiled, "_init_handles", None)
     if init is not None:
+        await_launcher(compiled)
         init()
+
+
+# Triton 3.4 to 3.6 build a C launcher for each new kernel signature (nvidia driver's CudaLauncher: make_launcher,
+# then the C compiler) when a binary is first loaded, on the execution's path: 0.8 s of the FLA step's first
+# execution on a fresh Triton cache. Its source depends only on the signature, known when a config is described,
+# so it is built then, on a thread, while the kernel compiles; the load finds it in Triton's cache.
+_LAUNCHERS: dict[tuple, threading.Thread] = {}
+_LAUNCHERS_LOCK = threading.Lock()
+LAUNCHER_WAIT_S = 5.0  # a load waits this long for a launcher being built, then builds its own
+
+
+def _launcher_key(signature: Any) -> tuple | None:
+    if not isinstance(signature, dict):
+        return None
+    types_ = tuple(signature.values())
+    if any(isinstance(t, str) and t.startswith("tensordesc") for t in types_):
+        return None  # a tensor descriptor's launcher depends on the compiled kernel's metadata (tensordesc_meta)
+    return (triton_cache_dir(), *types_)  # where it is built: a load under another cache dir builds its own
+
+
+def _launcher_builder() -> Callable[[dict[str, Any]], Any] | None:
+    """What CudaLauncher(src, metadata) runs to build a signature's launcher; None where Triton has one launcher
+    for every signature (3.7 on) or no CUDA backend."""
+    try:
+        from triton.backends.nvidia import driver as nvidia  # noqa: PLC0415
+    except ImportError:
+        return None
+    make = getattr(nvidia, "make_launcher", None)
+    build = getattr(nvidia, "compile_module_from_src", None)
+    if make is None or build is None:
+        return None
+
+    def launcher(signature: dict[str, Any]) -> Any:
+        return build(src=make({}, signature, None), name="__triton_launcher", library_dirs=nvidia.library_dirs(),
+                     include_dirs=nvidia.include_dirs, libraries=nvidia.libraries)
+    return launcher
+
+
+def prebuild_launcher(signature: dict[str, Any], target: Any) -> bool:
+    """Start building the launcher of a kernel of this signature on a thread, once per signature in this process.
+    Whether one started."""
+    key = _launcher_key(signature)
+    if key is None or getattr(target, "backend", None) != "cuda":
+        return False
+    with _LAUNCHERS_LOCK:
+        if key in _LAUNCHERS:
+            return False
+        builder = _launcher_builder()
+        if builder is None:
+            return False
+
+        def build() -> None:
+            with contextlib.suppress(Exception):  # (the load builds it then, and reports what failed)
+                builder(dict(signature))
+        thread = threading.Thread(target=build, name="ctx-tune-launcher", daemon=True)
+        _LAUNCHERS[key] = thread
+    thread.start()
+    return True
+
+
+def await_launcher(compiled: Any, timeout_s: float = LAUNCHER_WAIT_S) -> None:
+    """Wait for prebuild_launcher()'s build of this binary's launcher, if one is running (two builds of one
+    launcher would both run the C compiler)."""
+    key = _launcher_key(getattr(getattr(compiled, "src", None), "signature", None))
+    thread = _LAUNCHERS.get(key) if key is not None else None
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout_s)
 
 
 def restores(at: Autotuner) -> bool:
@@ -855,6 +923,7 @@ def describe_compile(at: Autotuner, config: Config, args: Sequence[Any], kwargs:
         src, target, options = captured
         if in_disk_cache(src, target, options):
             return Described(None, True)
+        prebuild_launcher(src.signature, target)
         if not ship:
             return Described(None, False)
         if getattr(triton.knobs.runtime, "add_stages_inspection_hook", None) is not None:
