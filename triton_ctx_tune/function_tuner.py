@@ -186,7 +186,7 @@ class FunctionAutotuner(ContextualAutotuner[R]):
                 session.on_point_decided = functools.partial(self._store, lookup)
                 call.attach(session)
             except BaseException as e:
-                session.close(type(e), e)  # (its services hold the stream watch and the collector's freeze)
+                session.close(type(e), e)  # (its services hold the stream watch)
                 raise
         result = self._drive(call, args, kwargs, point)
         if tune is not None and call.session is not None:

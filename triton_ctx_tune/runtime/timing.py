@@ -96,7 +96,7 @@ def head_start(host_s: float, runs: int, gpu_s: float) -> float:
     it after the sleep and the k - 1 runs before it, so the sleep needs runs x host_s - (runs - 1) x gpu_s.
     The host's time gets a quarter of margin (it varies from step to step); the GPU's is its floor. Sized
     on the host alone (1.25 x runs x host_s), all-gather + GEMM's steps (2 ms of host and 0.6 ms of GPU work
-    per run, 3 runs) slept 1.2 ms longer than needed, about a tenth of each step (issue 35)."""
+    per run, 3 runs) waited 3.6 ms for the GPU after the host's last run; 1.8 to 2.4 ms with this (issue 35)."""
     need = 1.25 * host_s * runs - (runs - 1) * gpu_s
     return min(max(need, 1.25 * host_s) + 5e-5, HEAD_START_MAX_S)
 
