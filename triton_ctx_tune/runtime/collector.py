@@ -12,38 +12,29 @@ turned the collector off keeps it off.
 from __future__ import annotations
 
 import gc
-import threading
-from collections.abc import Callable
 
-_lock = threading.Lock()
-_holders = 0  # calls tuning now (two functions' calls may tune at once on different threads)
-_ours = False  # whether the collector was on when the first of them began, so that the last one turns it back on
+from .shared_patch import SharedHold
+
+_ours = False  # whether the collector was on when the first tuning call began, so that the last one turns it back on
 
 
-def hold() -> Callable[[], None]:
-    """Automatic collection off until the returned undo runs (once; later calls of the undo do nothing)."""
-    global _holders, _ours
-    with _lock:
-        _holders += 1
-        if _holders == 1:
-            _ours = gc.isenabled()
-            if _ours:
-                gc.disable()
-    released = False
+def _off() -> None:
+    global _ours
+    _ours = gc.isenabled()
+    if _ours:
+        gc.disable()
 
-    def undo() -> None:
-        global _holders, _ours
-        nonlocal released
-        with _lock:
-            if released:
-                return
-            released = True
-            _holders -= 1
-            if _holders == 0 and _ours:
-                gc.enable()
-                _ours = False
 
-    return undo
+def _back_on() -> None:
+    global _ours
+    if _ours:
+        gc.enable()
+        _ours = False
+
+
+# Calls tuning now hold it (two functions' calls may tune at once on different threads). hold(): automatic
+# collection off until the returned undo runs (once; later calls of the undo do nothing).
+hold = SharedHold(_off, _back_on).hold
 
 
 def between_steps() -> None:
