@@ -304,28 +304,28 @@ def test_a_described_configs_launcher_is_built_while_it_compiles_not_at_its_firs
 
     x = torch.arange(1000, device="cuda", dtype=torch.float32)
     out = torch.empty_like(x)
-    at = autotuner(_scale)
+    at = autotuner(_multiply)
     config = at.configs[0]
-    described = compat.describe_compile(at, config, (x, out, 1000, 2.5), {})
+    described = compat.describe_compile(at, config, (x, out, 1000, 2.5), {"grid": (1,)})
     assert described.spec is not None and not described.cached
     compat.await_launcher(types.SimpleNamespace(src=types.SimpleNamespace(signature=described.spec.signature)))
     assert builds == ["__triton_launcher"]  # built on the thread, before the kernel is compiled
-    kernel = compat.compile_only(at, [config], (x, out, 1000, 2.5), {})[0]
+    kernel = compat.compile_only(at, [config], (x, out, 1000, 2.5), {"grid": (1,)})[0]
     compat.load_binary(kernel)
     assert builds == ["__triton_launcher"]  # the load found it in Triton's cache
-    _scale[(1,)](x, out, 1000, 2.5)
+    _multiply[(1,)](x, out, 1000, 2.5)
     torch.testing.assert_close(out, x * 2.5)
 
     # Without the description (a kernel of another signature): the load builds its launcher, as Triton does.
     y = torch.zeros(1000, device="cuda", dtype=torch.int32)
-    kernel = compat.compile_only(autotuner(_fill), [autotuner(_fill).configs[0]], (y, 1000, 7), {})[0]
+    kernel = compat.compile_only(autotuner(_fill), [autotuner(_fill).configs[0]], (y, 1000, 7), {"grid": (1,)})[0]
     compat.load_binary(kernel)
     assert builds == ["__triton_launcher", "__triton_launcher"]
 
 
 @triton.autotune(configs=[triton.Config({"BLOCK": 1024}, num_warps=4)], key=["n"])
 @triton.jit
-def _scale(x, out, n, factor, BLOCK: tl.constexpr):
+def _multiply(x, out, n, factor, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(out + offs, tl.load(x + offs, mask=mask) * factor, mask=mask)
