@@ -5,8 +5,8 @@ job when TRITON_CACHE_DIR is unset; this script unsets it):
 
 - FLA's training step (benchmarks/clients/client_fla_simple_gla.py: chunked simple GLA forward and backward,
   6 keys) at each world size of --worlds (default 1 and 2 ranks of one node), arms:
-  ``ours`` (the default: compile workers), ``ours-noworkers`` (TRITON_CTX_TUNE_COMPILE_WORKERS=0) and
-  ``plain`` (triton.autotune alone);
+  ``ours`` (the default: compile workers), ``ours-noworkers`` (TRITON_CTX_TUNE_COMPILE_WORKERS=0), ``ours-w8``
+  and ``ours-w12`` (8 or 12 workers per rank) and ``plain`` (triton.autotune alone);
 - the MLP op's cold tuning (bench_mlp.py --table tuning), arms ``ours`` and ``ours-noworkers``, its plain
   triton.autotune baseline from the ``ours`` run.
 
@@ -40,13 +40,18 @@ FLA_ARMS = {"ours": ("ours", {}), "ours-noworkers": ("ours", {"TRITON_CTX_TUNE_C
             "plain": ("plain", {}),
             # ours with rank 0's threads sampled (run_clients.py --profile): where the parent's time goes; the
             # sampler holds the GIL while it walks the stacks, so this arm's times are not the benchmark's.
-            "ours-profile": ("ours", {})}
+            "ours-profile": ("ours", {}),
+            # ours with smaller pools per rank: whether the node's logical cores (32 on the 2-H200 host) or fewer
+            # workers finish the step's longest compiles sooner.
+            "ours-w8": ("ours", {"TRITON_CTX_TUNE_COMPILE_WORKERS": "8"}),
+            "ours-w12": ("ours", {"TRITON_CTX_TUNE_COMPILE_WORKERS": "12"})}
 MLP_ARMS = {"ours": {}, "ours-noworkers": {"TRITON_CTX_TUNE_COMPILE_WORKERS": "0"}}
 
 
 def _env(extra: dict[str, str], nproc: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_CACHE_DIR", "TRITON_CTX_TUNE_COMPILE_WORKERS")}
-    env.update(PYTHONUNBUFFERED="1", NPROC=str(nproc), **extra)
+    # A rank that aborts (SIGABRT at exit, section 35) prints every thread's Python stack.
+    env.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", NPROC=str(nproc), **extra)
     return env
 
 

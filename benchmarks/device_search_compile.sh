@@ -8,7 +8,7 @@
 #   bash benchmarks/device_search_compile.sh gemm                   # one GPU: the 1296-config GEMM space
 set -u
 mode=${1:-ag}
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Results go to $WORK, then one archive of it to $OUT (the device hands back few files).
 FINAL=${OUT:-/tmp/out}; OUT=${WORK:-/tmp/work}; mkdir -p "$OUT" "$FINAL"
 trap 'tar czf "$FINAL/$mode.tgz" -C "$OUT" . ; cp "$OUT"/summary.txt "$FINAL/" 2>/dev/null' EXIT
