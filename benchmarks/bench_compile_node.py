@@ -41,8 +41,8 @@ FLA_ARMS = {"ours": ("ours", {}), "ours-noworkers": ("ours", {"TRITON_CTX_TUNE_C
             # ours with rank 0's threads sampled (run_clients.py --profile): where the parent's time goes; the
             # sampler holds the GIL while it walks the stacks, so this arm's times are not the benchmark's.
             "ours-profile": ("ours", {}),
-            # ours with smaller pools per rank: whether the node's logical cores (32 on the 2-H200 host) or fewer
-            # workers finish the step's longest compiles sooner.
+            # ours with smaller pools per rank: whether one worker per core (2 ranks x 16 on the 2-H200 host's 32
+            # cores) or fewer finish the step's longest compiles sooner (section 35: the size did not matter).
             "ours-w8": ("ours", {"TRITON_CTX_TUNE_COMPILE_WORKERS": "8"}),
             "ours-w12": ("ours", {"TRITON_CTX_TUNE_COMPILE_WORKERS": "12"})}
 MLP_ARMS = {"ours": {}, "ours-noworkers": {"TRITON_CTX_TUNE_COMPILE_WORKERS": "0"}}
