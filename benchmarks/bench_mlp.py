@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default 5; --small 2)")
     p.add_argument("--quality-calls", type=int, default=1,
                    help="quality: tuning calls scored (each with its caches cleared; the first one cold; default 1)")
+    p.add_argument("--preheat-s", type=float, default=0.0,
+                   help="seconds of back-to-back GEMM launches (fixed config, no collective) before each tuning "
+                        "call of ours, so that it tunes on a GPU as hot as the do_bench oracle's (default 0)")
     p.add_argument("--op-iters", type=int, help="timed op calls per round (default 30; --small 2)")
     p.add_argument("--dispatch-rounds", type=int, help="dispatch: rounds (default 40; --small 3)")
     p.add_argument("--dispatch-launches", type=int, help="dispatch: launches per round (default 1000; --small 5)")
