@@ -46,14 +46,15 @@ class StackSampler:
                 name = names.get(ident, "?")
                 self.samples[name] += 1
                 elapsed = time.perf_counter() - self._began
-                if ident == self._main and elapsed < self.timeline_s:
-                    self.timeline.append((elapsed, _innermost(frame)))
-                self.self_[(name, _where(frame))] += 1
-                seen: set[str] = set()
+                stack: list[str] = []  # innermost first: one walk serves self, inclusive and the timeline
                 while frame is not None:
-                    seen.add(_where(frame))
+                    stack.append(_where(frame))
                     frame = frame.f_back
-                for where in seen:
+                if ident == self._main and elapsed < self.timeline_s:
+                    self.timeline.append((elapsed, " < ".join(stack[:4])))
+                if stack:
+                    self.self_[(name, stack[0])] += 1
+                for where in set(stack):
                     self.inclusive[(name, where)] += 1
             time.sleep(self.interval_s)
 
@@ -75,14 +76,6 @@ class StackSampler:
                 spans.append([t, t, label])
         lines += [f"  {a:6.3f}-{b:6.3f} {label}" for a, b, label in spans if b - a >= 0.02]
         return "\n".join(lines)
-
-
-def _innermost(frame: object, depth: int = 4) -> str:
-    names = []
-    while frame is not None and len(names) < depth:
-        names.append(_where(frame))
-        frame = frame.f_back  # type: ignore[attr-defined]
-    return " < ".join(names)
 
 
 def _where(frame: object) -> str:
