@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-repeat", type=int, default=5, help="contextual_autotune n_repeat (default 5)")
     p.add_argument("--n-warmup", type=int, default=3, help="contextual_autotune n_warmup (default 3)")
     p.add_argument("--no-vanilla", action="store_true", help="skip the plain triton.autotune baseline")
+    p.add_argument("--objective", default="auto", choices=("auto", "per_launch", "end_to_end"),
+                   help="contextual_autotune objective of ours (default auto)")
     p.add_argument("--rep-ms", type=int, help="quality: do_bench rep (ms) per config (default 200)")
     p.add_argument("--rounds", type=int, help="quality: interleaved op-latency rounds (default 10; --small 2)")
     p.add_argument("--retime-rounds", type=int,
@@ -56,7 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="quality: tuning calls scored (each with its caches cleared; the first one cold; default 1)")
     p.add_argument("--preheat-s", type=float, default=0.0,
                    help="seconds of back-to-back GEMM launches (fixed config, no collective) before each tuning "
-                        "call of ours, so that it tunes on a GPU as hot as the do_bench oracle's (default 0)")
+                        "call of ours, so that it tunes on a GPU as hot as the do_bench oracle's; its scratch launches "
+                        "compile the op's first configs, so a preheated call's wall time is not a cold one "
+                        "(default 0)")
     p.add_argument("--op-iters", type=int, help="timed op calls per round (default 30; --small 2)")
     p.add_argument("--dispatch-rounds", type=int, help="dispatch: rounds (default 40; --small 3)")
     p.add_argument("--dispatch-launches", type=int, help="dispatch: launches per round (default 1000; --small 5)")

@@ -19,7 +19,9 @@ from triton_ctx_tune.engine.state import (
     CONFIRM_CAP,
     CONFIRM_FLOOR,
     OVERLAP_MAX,
+    TIE_FLOOR,
     close_candidates,
+    confirm_rounds,
     stable_winner,
 )
 from triton_ctx_tune.tools.report import build, format_report
@@ -113,6 +115,50 @@ def test_a_ranking_made_by_drift_is_corrected_by_the_interleaved_confirmation():
     assert "confirmed  #0, #1 re-timed interleaved before the decision: #1 ahead by 5.0%" in text
 
 
+def test_a_noisy_key_is_confirmed_in_more_rounds_and_its_band_narrows_with_them():
+    # BLOCK 32 costs 1.0, but every third launch of it 1.0635 (a short kernel's hiccups); BLOCK 16 is a steady
+    # 1.02, first in the list. One launch's spread (6.35%) would make them one tie, decided by config order.
+    launches = [0]
+
+    def hiccups(nargs: dict[str, Any]) -> float:
+        launches[0] += 1
+        return (1.0635 if launches[0] % 3 == 0 else 1.0) * BIG
+
+    kernel = _kernel([triton.Config({"BLOCK": 16}, num_warps=4, pre_hook=costly(lambda _: 1.02 * BIG)),
+                      triton.Config({"BLOCK": 32}, num_warps=4, pre_hook=costly(hiccups)),
+                      *block_configs([64], slow={64: 2 * BIG})])
+    call = _tune(kernel)
+    assert chosen(kernel) == {(N, "torch.float32"): 32}
+    (confirm,) = _events("confirm")
+    # Rounds to bring the band to 1%: the first 3 samples' spread is 3.8%, and (3.8% / 1%)^2 = 14.5.
+    assert confirm["candidates"] == [0, 1] and confirm["rounds"] == 15
+    d = _events("decision")[-1]
+    assert (d["winner"], d["fastest"], d["tie_break"], d["confirm_rounds"]) == (1, 1, None, 15)
+    # 15 samples, 5 of them hiccups: spread 6.35%, band 6.35% / sqrt(15) = 1.6%: BLOCK 16's 2% is outside it.
+    assert d["spread"] == pytest.approx(0.0635, rel=0.01)
+    assert d["band"] == pytest.approx(0.0635 / 15 ** 0.5, rel=0.01) and d["ties"] == [1]
+    assert call.executions == 3 * SLOTS + 2 * 15 + 1
+    text = format_report(build(Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"])))
+    assert (f"band {d['band']:.1%} (the fastest's spread {d['spread']:.1%} over the square root of 15 interleaved "
+            f"rounds): no other config within it; the fastest won") in text
+
+
+def test_confirm_rounds_and_the_band_after_them():
+    assert confirm_rounds(0.004, 5) == 5 and confirm_rounds(0.037, 5) == 14 and confirm_rounds(0.10, 5) == 20
+    assert confirm_rounds(0.10, 50) == 50  # never fewer than n_repeat
+    # The GELU of the MLP op on 2 H200s (issue 35), confirmed in 5 rounds: BLOCK 1024 at 34.78 us, first in the
+    # list, BLOCK 2048 the fastest at 33.86 us with a 3.1% spread: one tie by one launch's spread, not by 14 rounds'.
+    times, q20, q80 = [34.78, 33.86], [33.9, 33.6], [35.0, 34.65]
+    assert stable_winner(times, q20, q80).winner == 0
+    after = stable_winner(times, q20, q80, samples=4)
+    assert (after.winner, after.tie_break, after.ties) == (1, None, [1])
+    assert after.band == pytest.approx(0.031 / 2, rel=0.01)
+    assert stable_winner(times, q20, q80, samples=14).band == TIE_FLOOR  # never below the floor
+    # Configs within the floor stay one tie however many rounds ran: config order decides, the same every run.
+    within = stable_winner([1.004, 1.0], [1.0, 0.99], [1.01, 1.05], samples=100)
+    assert (within.winner, within.tie_break, within.band) == (0, "config order", TIE_FLOOR)
+
+
 def test_a_clear_winner_is_not_confirmed_and_costs_nothing_more():
     kernel = _kernel(block_configs([16, 32, 64], slow={16: BIG, 32: 1.2 * BIG, 64: 2 * BIG}))
     call = _tune(kernel)
@@ -179,12 +225,32 @@ def _overlapping(objective: str) -> tuple[Any, Any]:
     return kernel, op.last_call
 
 
+def test_online_a_noisy_key_keeps_the_usual_rounds():
+    # Online each round costs the program's calls: the rounds stay max(3, n_repeat) however noisy the key.
+    kernel = _kernel([_noisy(64, BIG, hogs=False), _noisy(32, 1.04 * BIG, hogs=False)])
+
+    @contextual_autotune(**FAST, online=True)
+    def op(x):
+        kernel[grid(N)](x, N)
+        return x
+
+    calls = 0
+    while not chosen(kernel) and calls < 50:
+        op(torch.zeros(N, device=DEVICE))
+        calls += 1
+    (confirm,) = _events("confirm")
+    d = _events("decision")[-1]
+    assert confirm["rounds"] == 3 and d["confirm_rounds"] == 3 and d["spread"] > 0.1
+    assert d["band"] == pytest.approx(min(0.05, max(0.01, d["spread"] / 3 ** 0.5)))
+
+
 def test_the_default_objective_is_auto_and_a_key_no_stream_overlaps_is_confirmed_per_launch():
     kernel, call = _overlapping("auto")
     assert chosen(kernel) == {(N, "torch.float32"): 64}  # per launch 4% faster; no other stream was busy
     (confirm,) = _events("confirm")
     assert confirm["end_to_end"] is False and _events("decision")[-1]["end_to_end"] is False
-    assert call.executions == 2 * SLOTS + 2 * 3 + 1
+    # Launches 20% apart at random: a noisy key, confirmed in the most rounds (CONFIRM_MAX_ROUNDS).
+    assert confirm["rounds"] == 20 and call.executions == 2 * SLOTS + 2 * 20 + 1
 
 
 def test_under_the_default_objective_a_key_launched_while_another_stream_is_busy_is_judged_by_the_call(monkeypatch):
@@ -271,4 +337,4 @@ def test_per_launch_keeps_its_meaning_and_judges_each_launch_alone():
     assert chosen(kernel) == {(N, "torch.float32"): 64}
     (confirm,) = _events("confirm")  # still confirmed, per launch
     assert confirm["end_to_end"] is False and _events("decision")[-1]["end_to_end"] is False
-    assert call.executions == 2 * SLOTS + 2 * 3 + 1
+    assert confirm["rounds"] == 20 and call.executions == 2 * SLOTS + 2 * 20 + 1

@@ -714,7 +714,8 @@ def test_a_timed_launch_waits_twice_the_hosts_recent_launch_time_on_the_gpu(monk
     kernel = triton.autotune(configs=[triton.Config({"BLOCK": b}, pre_hook=K.busy_host(hook_s)) for b in (16, 32)],
                              key=["n"])(triton.jit(K.add_one_.fn.fn))
 
-    @contextual_autotune(**FAST)
+    # Without a confirmation: two configs of one cost may come out close enough to be re-timed, in more slots.
+    @contextual_autotune(**FAST, confirm=False)
     def op(x: torch.Tensor) -> torch.Tensor:
         y = x.clone()
         kernel[grid(y.numel())](y, y.numel())

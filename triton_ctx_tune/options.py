@@ -268,7 +268,8 @@ class TuneOptions:
     objective: str = "auto"
     # Confirmation of close candidates: before a key timed per launch is decided, the configs within
     # a few percent of the fastest (twice the tie band, 3% to 10%) are re-timed, interleaved, in
-    # max(3, n_repeat) more slots each, and the decision uses those samples. None:
+    # max(3, n_repeat) more slots each (a noisy key: up to 20, enough to resolve 1%, except online), and the
+    # decision uses those samples, its tie band narrowed by their square root. None:
     # TRITON_CTX_TUNE_CONFIRM, on unless it is 0.
     confirm: bool | None = None
     # Split screening (several ranks, early_stop on): the screening pass gives each rank a different

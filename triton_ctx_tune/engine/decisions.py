@@ -21,7 +21,18 @@ from ..runtime.compat import config_str, notify_listener
 from ..tools.logs import fmt_ms
 from .budget import PARENT_BAND, BudgetSearch, share_wave
 from .search import AnyTunable, PointTunable
-from .state import CONFIRM_ROUNDS, RACE_BAND, Choice, KeyState, Tunable, close_candidates, screen, stable_winner
+from .state import (
+    CONFIRM_ROUNDS,
+    RACE_BAND,
+    Choice,
+    KeyState,
+    Tunable,
+    close_candidates,
+    confirm_rounds,
+    fastest_spread,
+    screen,
+    stable_winner,
+)
 
 # How rank 0's keep-mask marks a winner that a tie-break chose (1: the fastest, or a screening survivor).
 TIE_CODES = {None: 1, "incumbent": 2, "config order": 3}
@@ -387,7 +398,16 @@ class Decisions:
     def _confirm(self, s: Tunable, kept: list[int], times: torch.Tensor, end_to_end: bool) -> None:
         svc = self.services
         # End to end, a round is a step of e2e_runs executions (e2e_runs - 1 samples each): CONFIRM_ROUNDS suffice.
-        rounds = CONFIRM_ROUNDS if end_to_end else max(CONFIRM_ROUNDS, s.n_repeat)
+        # Per launch, a noisy key takes more rounds (confirm_rounds), sized from the reduced times every rank has;
+        # not online, where each slot is one of the program's calls and a key decides within a known number of them.
+        n = len(s.configs)
+        kept_only = [float(times[j, 0]) if j in kept else math.inf for j in range(n)]
+        spread = fastest_spread(kept_only, times[:n, 1].tolist(), times[:n, 2].tolist()) or 0.0
+        base = max(CONFIRM_ROUNDS, s.n_repeat)
+        if end_to_end:
+            rounds = CONFIRM_ROUNDS
+        else:
+            rounds = base if svc.opts.online else confirm_rounds(spread, base)
         s.confirm(kept, rounds, end_to_end)
         best = min(float(times[j, 0]) for j in kept)
         margins = {j: float(times[j, 0]) / best - 1 for j in kept}
@@ -415,7 +435,9 @@ class Decisions:
 
     def _choice(self, s: Tunable, reduced: torch.Tensor, incumbent: int | None) -> Choice | None:
         n = len(s.configs)
-        return stable_winner(self._times(s, reduced), reduced[:n, 1].tolist(), reduced[:n, 2].tolist(), incumbent)
+        rounds = s.confirmed_rounds if isinstance(s, KeyState) and s.confirmed is not None else 1
+        return stable_winner(self._times(s, reduced), reduced[:n, 1].tolist(), reduced[:n, 2].tolist(), incumbent,
+                             samples=rounds or 1)
 
     def _incumbent(self, s: Tunable) -> int | None:
         """The config that last won this kernel and key, from the cache entry that no longer applies
@@ -501,7 +523,8 @@ class Decisions:
                       executions=svc.stats.executions, tuning_s=s.tuning_s,
                       fastest=None if choice is None else choice.fastest, ties=None if choice is None else choice.ties,
                       band=None if choice is None else choice.band, spread=None if choice is None else choice.spread,
-                      tie_break=how, confirmed=s.confirmed, raced_out=sorted(s.raced_out), split=s.split,
+                      tie_break=how, confirmed=s.confirmed, confirm_rounds=s.confirmed_rounds or None,
+                      raced_out=sorted(s.raced_out), split=s.split,
                       readmitted=s.readmitted, unexplored=_unexplored(s))
         svc.log.summary(f"{svc.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
                         f"({len(s.configs)} configs, {failed} failed, {len(s.dropped)} screened out, {over}, "

@@ -92,6 +92,9 @@ class Tunable:
     launch_samples: list[list[Callable[[], float]]] | None = None
     # An end-to-end confirmation is a race (race()): its rounds still to plan, and the candidates it left behind.
     confirm_left: int = 0
+    # A per-launch confirmation's interleaved rounds: each candidate's time is the statistic of that many samples,
+    # which narrows the tie band it is judged with (stable_winner's `samples`).
+    confirmed_rounds: int = 0
     raced_out: set[int] = field(default_factory=set)
     # Split screening: (rank, world) when the ranks share the screening pass, each screening a different
     # share of the configs in the same executions (the function still runs in lockstep).
@@ -254,6 +257,8 @@ class Tunable:
             # A round end to end costs a whole step per candidate (half of all-gather + GEMM's default tuning):
             # one round is planned at a time, and each round's end drops the candidates far behind (race()).
             self.confirm_left, rounds = rounds - 1, 1
+        else:
+            self.confirmed_rounds = rounds
         for c in candidates:
             self.samples[c] = []
         self._extend(candidates, 0, rounds, interleave=True)
@@ -400,7 +405,11 @@ def pick_winner(times: list[float]) -> int | None:
 
 # Near-ties: candidates within a band of the fastest are one tie, broken the same way every run. The band
 # is the fastest config's own spread (q80 - q20 over its median), at least TIE_FLOOR (timers' resolution)
-# and at most TIE_CAP (the most a tie-break may give away).
+# and at most TIE_CAP (the most a tie-break may give away). After a per-launch confirmation of n interleaved
+# rounds, the times compared are statistics of n samples taken side by side, and the band is the spread over
+# sqrt(n): how far apart two such statistics fall by chance, not how far apart two single launches do. (The
+# MLP op's GELU on 2 H200s: single launches 3 to 4% apart at random, so BLOCK 1024 and 2048 were one tie and
+# config order gave away the 1.1% by which 2048 was faster, in 3 of 5 runs: issue 35.)
 TIE_FLOOR = 0.01
 TIE_CAP = 0.05
 
@@ -417,28 +426,50 @@ class Choice:
 
 
 def stable_winner(times: list[float], q20: list[float], q80: list[float],
-                  incumbent: int | None = None) -> Choice | None:
+                  incumbent: int | None = None, samples: int = 1) -> Choice | None:
     """The winner among near-ties: the incumbent (the last winner of this kernel and key) if it is in the
-    band, else the first in the config list; None when no config has a finite time."""
+    band, else the first in the config list; None when no config has a finite time. `samples`: the rounds of
+    an interleaved confirmation the times come from (the band narrows by its square root)."""
     fastest = pick_winner(times)
     if fastest is None:
         return None
     best = times[fastest]
-    spread = (q80[fastest] - q20[fastest]) / best if best > 0 and math.isfinite(q80[fastest] - q20[fastest]) else 0.0
-    band = min(TIE_CAP, max(TIE_FLOOR, spread))
+    spread = fastest_spread(times, q20, q80) or 0.0
+    band = min(TIE_CAP, max(TIE_FLOOR, spread / math.sqrt(max(1, samples))))
     ties = [i for i, t in enumerate(times) if math.isfinite(t) and t <= best * (1 + band)]
     winner = incumbent if incumbent in ties else ties[0]
     how = None if winner == fastest else ("incumbent" if winner == incumbent else "config order")
     return Choice(winner, fastest, spread, band, ties, how)
 
 
+def fastest_spread(times: list[float], q20: list[float], q80: list[float]) -> float | None:
+    """The fastest config's spread, (q80 - q20) over its time; None when no config has a finite time."""
+    fastest = pick_winner(times)
+    if fastest is None:
+        return None
+    best, width = times[fastest], q80[fastest] - q20[fastest]
+    return width / best if best > 0 and math.isfinite(width) else 0.0
+
+
 # Confirmation: before a key is decided, the candidates within CONFIRM_FACTOR times the tie band of the
 # fastest (at least CONFIRM_FLOOR, at most CONFIRM_CAP) are re-timed, interleaved, in CONFIRM_ROUNDS or
-# n_repeat more slots each, whichever is more.
+# n_repeat more slots each, whichever is more (a noisy key: more, confirm_rounds).
 CONFIRM_FACTOR = 2.0
 CONFIRM_FLOOR = 0.03
 CONFIRM_CAP = 0.10
 CONFIRM_ROUNDS = 3
+# A noisy key's confirmation takes up to this many rounds (confirm_rounds; 4 times the default n_repeat's):
+# samples, not a wider band, are what tell a 1% difference from chance.
+CONFIRM_MAX_ROUNDS = 20
+
+
+def confirm_rounds(spread: float, base: int) -> int:
+    """The rounds of a per-launch confirmation: `base`, or for a noisy key as many as bring its band after
+    confirmation (the spread over their square root) down to TIE_FLOOR, at most CONFIRM_MAX_ROUNDS."""
+    need = math.ceil((spread / TIE_FLOOR) ** 2 - 1e-9)
+    return max(base, min(need, CONFIRM_MAX_ROUNDS))
+
+
 # After each round of an end-to-end confirmation, a candidate more than RACE_BAND behind the fastest leaves the
 # race. (All-gather + GEMM, 2 H200s, 58 keys confirmed end to end in 5 runs: after the first round each winner
 # was at most 7.0% behind that round's fastest, and 94 of the 294 candidates that lost were over 10% behind.)

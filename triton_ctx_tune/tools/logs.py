@@ -70,7 +70,7 @@ EVENTS: dict[str, EventSpec] = dict([
     _spec("decision", "a key's winner, with every rank's timings", "kernel", "key", "point", "end_to_end", "winner",
           "winner_config", "configs", "reduced", "reduced_q20", "reduced_q80", "per_rank", "local_failures",
           "screened_out", "reduce", "stat", "world", "executions", "tuning_s", "fastest", "ties", "band", "spread",
-          "tie_break", "confirmed", "raced_out", "split", "readmitted", "unexplored"),
+          "tie_break", "confirmed", "confirm_rounds", "raced_out", "split", "readmitted", "unexplored"),
     _spec("readmit", "configs a split screening dropped, timed in lockstep after all", "kernel", "key", "point",
           "configs", "screen_ms", "lockstep_best", "factor"),
     _spec("rung", "a budgeted search's next rung of configs (engine/budget.py)", "kernel", "key", "point", "rung",

@@ -59,6 +59,7 @@ class KeyReport:
     tie_break: str | None = None
     shipped: str | None = None  # a cache hit read from a shipped config file: the file (or "shipped")
     confirmed: list[int] | None = None  # the close candidates re-timed, interleaved, before the decision
+    confirm_rounds: int | None = None  # their rounds, per launch (the band is the spread over its square root)
     raced_out: list[int] = field(default_factory=list)  # of those, the ones an end-to-end race left behind
     end_to_end: bool = False  # decided on whole steps' times (objective, or an overlapped key's confirmation)
     split: bool = False  # screened with each rank taking a share of the configs
@@ -241,6 +242,7 @@ def _from_decision(e: dict[str, Any], function: str | None) -> KeyReport:
     r.band, r.spread, r.ties = e.get("band"), e.get("spread"), list(e.get("ties") or [])
     r.fastest, r.tie_break = e.get("fastest"), e.get("tie_break")
     r.confirmed, r.end_to_end = e.get("confirmed"), bool(e.get("end_to_end"))
+    r.confirm_rounds = e.get("confirm_rounds")
     r.raced_out = [int(j) for j in e.get("raced_out") or []]
     r.split, r.readmitted = bool(e.get("split")), list(e.get("readmitted") or [])
     r.screened_out = [int(j) for j in e.get("screened_out") or []]
@@ -574,7 +576,9 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
         within = f"configs {r.ties} within it" if len(r.ties) > 1 else "no other config within it"
         decided = ("the fastest won" if r.tie_break is None else
                    f"the tie-break ({r.tie_break}) chose #{r.winner} over the fastest, #{r.fastest}")
-        lines.append(f"  near-ties  band {r.band:.1%} (the fastest's spread {r.spread or 0:.1%}): {within}; {decided}")
+        over = f" over the square root of {r.confirm_rounds} interleaved rounds" if r.confirm_rounds else ""
+        lines.append(f"  near-ties  band {r.band:.1%} (the fastest's spread {r.spread or 0:.1%}{over}): {within}; "
+                     f"{decided}")
     if r.split:
         back = (f"; #{', #'.join(map(str, r.readmitted))} dropped there, then timed in lockstep after all"
                 if r.readmitted else "")
