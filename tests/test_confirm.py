@@ -175,18 +175,22 @@ def test_confirmation_off_by_environment(monkeypatch):
     assert _events("confirm") == []
 
 
-def test_online_calls_confirm_too():
-    kernel = _kernel([_drifting(SLOTS, 0.98, 1.05)] + block_configs([32], slow={32: BIG}))
-
+def _tune_online(kernel: Any, most_calls: int = 50) -> None:
+    """Call an online-tuned op until the kernel has a winner (or `most_calls` calls)."""
     @contextual_autotune(**FAST, online=True)
     def op(x):
         kernel[grid(N)](x, N)
         return x
 
-    calls = 0
-    while not chosen(kernel) and calls < 50:
+    for _ in range(most_calls):
+        if chosen(kernel):
+            return
         op(torch.zeros(N, device=DEVICE))
-        calls += 1
+
+
+def test_online_calls_confirm_too():
+    kernel = _kernel([_drifting(SLOTS, 0.98, 1.05)] + block_configs([32], slow={32: BIG}))
+    _tune_online(kernel)
     assert chosen(kernel) == {(N, "torch.float32"): 32}
     (confirm,) = _events("confirm")
     assert confirm["candidates"] == [0, 1]
@@ -228,16 +232,8 @@ def _overlapping(objective: str) -> tuple[Any, Any]:
 def test_online_a_noisy_key_keeps_the_usual_rounds():
     # Online each round costs the program's calls: the rounds stay max(3, n_repeat) however noisy the key.
     kernel = _kernel([_noisy(64, BIG, hogs=False), _noisy(32, 1.04 * BIG, hogs=False)])
-
-    @contextual_autotune(**FAST, online=True)
-    def op(x):
-        kernel[grid(N)](x, N)
-        return x
-
-    calls = 0
-    while not chosen(kernel) and calls < 50:
-        op(torch.zeros(N, device=DEVICE))
-        calls += 1
+    _tune_online(kernel)
+    assert chosen(kernel)
     (confirm,) = _events("confirm")
     d = _events("decision")[-1]
     assert confirm["rounds"] == 3 and d["confirm_rounds"] == 3 and d["spread"] > 0.1
