@@ -435,9 +435,10 @@ class Decisions:
 
     def _choice(self, s: Tunable, reduced: torch.Tensor, incumbent: int | None) -> Choice | None:
         n = len(s.configs)
-        rounds = s.confirmed_rounds if isinstance(s, KeyState) and s.confirmed is not None else 1
+        # Confirmed per launch: each time is a statistic of that many interleaved rounds (0 otherwise).
+        rounds = s.confirmed_rounds if isinstance(s, KeyState) and s.confirmed is not None else 0
         return stable_winner(self._times(s, reduced), reduced[:n, 1].tolist(), reduced[:n, 2].tolist(), incumbent,
-                             samples=rounds or 1)
+                             samples=max(1, rounds))
 
     def _incumbent(self, s: Tunable) -> int | None:
         """The config that last won this kernel and key, from the cache entry that no longer applies

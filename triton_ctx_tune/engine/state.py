@@ -409,7 +409,7 @@ def pick_winner(times: list[float]) -> int | None:
 # rounds, the times compared are statistics of n samples taken side by side, and the band is the spread over
 # sqrt(n): how far apart two such statistics fall by chance, not how far apart two single launches do. (The
 # MLP op's GELU on 2 H200s: single launches 3 to 4% apart at random, so BLOCK 1024 and 2048 were one tie and
-# config order gave away the 1.1% by which 2048 was faster, in 3 of 5 runs: issue 35.)
+# config order gave away the 1.1% by which 2048 was faster alone, in 2 of 5 runs: issue 35.)
 TIE_FLOOR = 0.01
 TIE_CAP = 0.05
 
