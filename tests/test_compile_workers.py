@@ -350,5 +350,12 @@ def test_compile_workers_option_is_checked_and_the_interpreter_uses_none(monkeyp
 def test_the_config_an_execution_waits_for_takes_the_next_free_worker_first(tmp_path):
     """Issue 37: it once compiled in the rank's process whenever no worker was idle (7.3 s under the GIL against
     3.8 s in a worker, for FLA's largest config); now it waits up to FIRST_WAIT_S, ahead of every other config."""
-    row = _run(("urgent",), str(tmp_path / "triton-cache"))["urgent"]
+    rows = _run(("urgent", "first_in_grace"), str(tmp_path / "triton-cache"))
+    row = rows["urgent"]
     assert row["first"] == ["urgent"] and row["order"] == ["urgent", "plain"]
+    # Also while the pool's first workers count as being forked (a job's first 2 s): before, the config the
+    # execution waited for gave up after 50 ms and compiled here whenever the ready workers were busy.
+    grace = rows["first_in_grace"]
+    assert grace["in_grace"] and grace["failures"] == 0 and grace["first"] is not None
+    assert set(grace["places"].values()) == {"workers"}
+    assert grace["counts"] == {"workers": grace["configs"], "here": 0, "ranks": 0, "cache": 0}

@@ -598,12 +598,14 @@ class _BatchCompile:
             if (halted := self._halted()) is not None:
                 return halted
             # The config an execution waits for takes the next worker to be free, ahead of every other config, and
-            # compiles here only if none is free within FIRST_WAIT_S (at once while none is ready: at a cold start):
-            # compiling here, under the GIL beside the execution, took FLA's large chunk_bwd_kernel_dqkwg config
-            # 7.3 s against 3.8 s in a worker.
+            # compiles here only if none is free within FIRST_WAIT_S (POLL_S while the first workers are being
+            # forked and none is ready yet: at a cold start): compiling here, under the GIL beside the execution,
+            # took FLA's large chunk_bwd_kernel_dqkwg config 7.3 s against 3.8 s in a worker. That holds within
+            # the fork grace too: a key met then (FLA's chunk_fwd_kernel_o, 1.1 s in) found every ready worker busy
+            # and compiled here in 0.74 to 0.91 s against 0.54 s in a worker, on the execution's path.
             waited = time.perf_counter()
-            acquired = (pool.acquire(FIRST_WAIT_S if pool.ready() else 0.0, urgent=True)
-                        if i == self.first and not pool.forking() else pool.acquire(POLL_S))
+            acquired = (pool.acquire(FIRST_WAIT_S if pool.ready() else POLL_S if pool.forking() else 0.0, urgent=True)
+                        if i == self.first else pool.acquire(POLL_S))
             out.add("wait_s", time.perf_counter() - waited)
             if acquired is None and i == self.first:
                 return None
