@@ -434,7 +434,7 @@ def stable_winner(times: list[float], q20: list[float], q80: list[float],
     if fastest is None:
         return None
     best = times[fastest]
-    spread = fastest_spread(times, q20, q80) or 0.0
+    spread = _spread(fastest, times, q20, q80)
     band = min(TIE_CAP, max(TIE_FLOOR, spread / math.sqrt(max(1, samples))))
     ties = [i for i, t in enumerate(times) if math.isfinite(t) and t <= best * (1 + band)]
     winner = incumbent if incumbent in ties else ties[0]
@@ -445,9 +445,11 @@ def stable_winner(times: list[float], q20: list[float], q80: list[float],
 def fastest_spread(times: list[float], q20: list[float], q80: list[float]) -> float | None:
     """The fastest config's spread, (q80 - q20) over its time; None when no config has a finite time."""
     fastest = pick_winner(times)
-    if fastest is None:
-        return None
-    best, width = times[fastest], q80[fastest] - q20[fastest]
+    return None if fastest is None else _spread(fastest, times, q20, q80)
+
+
+def _spread(i: int, times: list[float], q20: list[float], q80: list[float]) -> float:
+    best, width = times[i], q80[i] - q20[i]
     return width / best if best > 0 and math.isfinite(width) else 0.0
 
 
