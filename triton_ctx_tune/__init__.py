@@ -19,6 +19,12 @@ from .runtime.clean_exit import import_distributed_nn  # noqa: E402
 # Before any decoration imports torch._dynamo: a process group it bound would outlive destroy_process_group().
 import_distributed_nn()
 
+from .runtime import compat  # noqa: E402
+
+# Triton's hash of its compiler, which every compile keys on: on a thread from now (compat.prime_soon).
+if not compat.interpret_mode():
+    compat.prime_soon()
+
 from .compile.compile_workers import start_compile_workers  # noqa: E402
 from .runtime.patch import autotuner_patch  # noqa: E402
 from .runtime.libraries import tune_like_triton  # noqa: E402

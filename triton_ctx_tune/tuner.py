@@ -17,7 +17,7 @@ from .errors import call_hook
 from .options import TuneOptions
 from .runtime import patch, resolver
 from .runtime.collectives import require_process_group
-from .runtime.compat import explain_error, prime_compiler_hash_soon
+from .runtime.compat import explain_error, prime_soon
 
 if TYPE_CHECKING:
     from .serving import AheadRow
@@ -36,7 +36,7 @@ class ContextualAutotuner(Generic[R]):
         self._last: Call | None = None
         if opts.resolved_compile_workers() > 0 and not opts.resolved_freeze():
             compile_workers.prestart()  # long before the first call: its workers then fork in milliseconds
-            prime_compiler_hash_soon()  # (0.7 s of a fresh process's first call otherwise)
+            prime_soon(driver=True)  # (the hash started at import; the driver's helper module now)
         # Exactly once (exactly_once.py): a call is watched from its start while this function's effect
         # on older state is unknown (its first calls) or a key waits for a watched call (deferred).
         # Watching costs every aten op a trip through Python, so warm calls are not watched.

@@ -36,7 +36,8 @@ from triton.runtime.interpreter import InterpretedFunction
 __all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "interpret_mode", "tuning_key",
            "prune_configs", "RUN_LEAVES", "note_run", "launch_config", "launch_cached", "compile_only",
            "SignatureUnknown", "hooked_launch_args",
-           "prime_compiler_hash", "prime_interpreter", "load_binary", "await_launcher", "reset_before_final_launch",
+           "prime_compiler_hash", "prime_soon", "prime_interpreter", "load_binary", "await_launcher",
+           "reset_before_final_launch",
            "config_failure_reason", "kernel_name", "JitInfo", "jit_info", "jit_function",
            "inner_heuristics", "constexpr_value", "aggregate_members", "is_triton_builtin",
            "autotuner_definition", "autotuner_hooks", "explain_error", "interpreter_numpy_note",
@@ -278,21 +279,27 @@ def compile_only(at: Autotuner, configs: Sequence[Config], args: Sequence[Any], 
     return out
 
 
-_priming: threading.Thread | None = None  # prime_compiler_hash_soon()'s thread
+# The threads prime_soon() started: "hash" (at the package's import), "driver" (at a decoration).
+_priming: dict[str, threading.Thread] = {}
 
 
-def prime_compiler_hash_soon() -> None:
-    """Start prime_compiler_hash(), then the loading of Triton's driver helper module, on a thread when a tuned
-    function is decorated: in a fresh process they took 0.7 s of the example's first call (before any config could
-    start compiling), which the program's own set-up now hides. The hash reads and digests a file, so the thread
-    leaves the GIL to the program."""
-    global _priming
-    if _priming is None and multiprocessing.parent_process() is None:  # (not in a DataLoader worker)
-        _priming = threading.Thread(target=_prime, name="ctx-tune-prime")
-        _priming.start()
+def prime_soon(driver: bool = False) -> None:
+    """Start prime_compiler_hash() on a thread, and with `driver` then the loading of Triton's driver helper module.
+
+    The hash starts when the package is imported: a function decorated just before its first call (a closure
+    wrapped at run time, as benchmarks/clients/run_clients.py does) waited 0.45 s for it (RESULTS.md, section
+    36), 0.7 s of a fresh process's first call before any config could compile. The driver's helper module starts
+    at a decoration, when the program has chosen its device and TRITON_CACHE_DIR. The hash reads and digests
+    files, so the thread leaves the GIL to the program; daemon threads, so that no exit waits for them."""
+    what = "driver" if driver else "hash"
+    if what in _priming or multiprocessing.parent_process() is not None:  # (not in a DataLoader worker)
+        return
+    _priming[what] = threading.Thread(target=_prime_driver if driver else prime_compiler_hash,
+                                      name=f"ctx-tune-prime-{what}", daemon=True)
+    _priming[what].start()
 
 
-def _prime() -> None:
+def _prime_driver() -> None:
     prime_compiler_hash()
     # The driver's helper module, built with the C compiler when the Triton cache is fresh: the first describe of a
     # config waited for it in a fresh process. Loading it touches no device.
@@ -308,9 +315,9 @@ def prime_compiler_hash() -> bool:
     Every compile, a cache hit included, keys on triton_key(): a SHA-256 of the compiler's sources
     and of libtriton (hundreds of MB). It is lru_cached, but threads that start together all miss
     and all compute it: on an H200 host, 16 compile threads spent a quarter of their time there.
-    When prime_compiler_hash_soon() started it, this waits for that thread rather than compute it twice.
+    When prime_soon() started it, this waits for that thread rather than compute it twice.
     """
-    started = _priming
+    started = _priming.get("hash")
     if started is not None and started is not threading.current_thread():
         started.join()
     for module in ("triton.runtime.cache", "triton.compiler.compiler"):  # its home in 3.9, then in 3.4
