@@ -301,12 +301,12 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path):
     assert _all_gone(row["pids"] + [row["zygote"]]), "orphaned workers"
 
 
-def test_the_default_path_forks_a_worker_per_core_from_the_zygote_that_decoration_started(tmp_path):
+def test_the_default_path_forks_a_worker_per_core_from_the_zygote_that_the_import_started(tmp_path):
     """Without start_compile_workers() or an option: more than one compile process per node (on CI's 2 cores,
     2 workers; one local rank)."""
     row = _run(("default",), str(tmp_path / "cache"))["default"]
     cores = len(os.sched_getaffinity(0))
-    assert row["before"] is None and row["at_decoration"] in ("booting", "ready")
+    assert row["before"] in ("booting", "ready") and row["at_decoration"] in ("booting", "ready")
     assert row["n"] == default_workers() == min(32, cores) and row["n"] >= 2
     status = row["status"]
     assert (status["ready"], status["booting"], status["boot_failures"]) == (row["n"], 0, 0)

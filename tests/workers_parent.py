@@ -144,8 +144,8 @@ def ppid(pid: int) -> int:
 
 
 def default_path() -> dict[str, Any]:
-    """No set-up call, no option: decorating a function starts the zygote, and tuning forks the default
-    number of workers from it."""
+    """No set-up call, no option: the package's import started the zygote (decorating a function would have, had it
+    not), and tuning forks the default number of workers from it."""
     from triton_ctx_tune import contextual_autotune
     from triton_ctx_tune.compile import compile_workers as CW
     from triton_ctx_tune.options import TuneOptions
@@ -176,7 +176,8 @@ def cold_start() -> dict[str, Any]:
     GIL-bound (issue 37)."""
     from triton_ctx_tune.compile import compile_workers as CW
 
-    CW.get_zygote()  # as decorating does; not waited for
+    CW.shutdown()  # the zygote this package's import started is ready by now: this scenario is one still booting
+    CW.get_zygote()  # as decorating just before the call does, had the import not started one; not waited for
     at = many_configs_add_one_
     x = torch.zeros(100)
     args, kwargs = (x, 100), {"grid": (1,), "warmup": False}

@@ -20,10 +20,14 @@ from .runtime.clean_exit import import_distributed_nn  # noqa: E402
 import_distributed_nn()
 
 from .runtime import compat  # noqa: E402
+from .compile import compile_workers  # noqa: E402
 
-# Triton's hash of its compiler, which every compile keys on: on a thread from now (compat.prime_soon).
+# As early as the program allows: Triton's hash of its compiler, which every compile keys on, on a thread
+# (compat.prime_soon), and the zygote the compile workers fork from (compile_workers.prestart). Nothing under the
+# interpreter, which compiles nothing.
 if not compat.interpret_mode():
     compat.prime_soon()
+    compile_workers.prestart(at_import=True)
 
 from .compile.compile_workers import start_compile_workers  # noqa: E402
 from .runtime.patch import autotuner_patch  # noqa: E402

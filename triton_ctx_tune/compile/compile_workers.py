@@ -1,19 +1,19 @@
 """Long-lived compile worker processes: Triton compilation at the speed of the node's cores, by default.
 
 Triton's front end holds the GIL, so threads in one process compile about one config at a time. A process per
-compile, or a worker started at the first tuning call, spends its first seconds importing torch, and W ranks x
-N workers importing at once competed with the ranks' own compiles (measured on 2 H200s: the FLA step 30 s
-instead of 25 s). So each rank starts one small server, the zygote, when a tuned function is decorated, long
-before its first call: it imports triton and the modules of this package that compile (not torch: ready in
-about 0.5 s), primes Triton's compiler hash, and then forks a worker in milliseconds whenever the pool asks
-for one (a fork server, as multiprocessing's 'forkserver' with preloaded modules, but without re-running the
-parent's main script). The zygote initialises no GPU and imports nothing of the user's library: a worker gets
-each config as compat.describe_compile describes it (the kernel's source, its JIT dependencies and globals,
-and the signature, constexprs, attributes, options and target that Triton's own compile-only launch would pass
-to compile()), and compiles it for the parent's GPU target (compat.compile_described) under the parent's cache
-key; the binary lands in Triton's disk cache, where the parent's own compile-only launch then finds it. So a
-kernel defined in __main__ or inside a function, and a library that touches CUDA at import (FLA asks for the
-device's name), compile here too.
+compile, or a worker started at the first tuning call, spends its first seconds importing torch, and W ranks x N
+workers importing at once competed with the ranks' own compiles (measured on 2 H200s: the FLA step 30 s instead of
+25 s). So each rank starts one small server, the zygote, when this package is imported (or a tuned function
+decorated), long before its first call: it imports triton and the modules of this package that compile (not torch:
+ready in about 0.5 s), primes Triton's compiler hash, and then forks a worker in milliseconds whenever the pool
+asks for one (a fork server, as multiprocessing's 'forkserver' with preloaded modules, but without re-running the
+parent's main script). The zygote initialises no GPU and imports nothing of the user's library: a worker gets each
+config as compat.describe_compile describes it (the kernel's source, its JIT dependencies and globals, and the
+signature, constexprs, attributes, options and target that Triton's own compile-only launch would pass to
+compile()), and compiles it for the parent's GPU target (compat.compile_described) under the parent's cache key;
+the binary lands in Triton's disk cache, where the parent's own compile-only launch then finds it. So a kernel
+defined in __main__ or inside a function, and a library that touches CUDA at import (FLA asks for the device's
+name), compile here too.
 
 Each worker leads its own process group, so a compile that runs past its limit is killed with the
 ptxas it started. The zygote reaps its workers and reports how each ended (the crash message names
@@ -461,14 +461,25 @@ def _live_zygote() -> _Zygote:  # under _pool_lock
     return _zygote
 
 
-def prestart() -> None:
-    """Start the zygote now, when a function is decorated: its imports then overlap the program's own set-up
-    (model construction, data loading), not the first tuning call's compiles.
+def prestart(at_import: bool = False) -> None:
+    """Start the zygote now, when the package is imported (`at_import`) or a function decorated: its imports and
+    its hash then overlap the program's own set-up (model construction, data loading), not the first tuning call's
+    compiles. A function decorated just before its first call, with the zygote started then, had its first keys
+    met before any worker was ready (1 s in on a loaded 2-H200 host), and their first configs compiled in the
+    rank's process.
 
-    Not in a multiprocessing child (a DataLoader worker that re-imports the program): it never tunes.
+    Not in a multiprocessing child (a DataLoader worker that re-imports the program): it never tunes. Not at import
+    when TRITON_CTX_TUNE_COMPILE_WORKERS turns the workers off (or is not valid: the option's check names it).
     """
-    if multiprocessing.parent_process() is None:
-        get_zygote()
+    if multiprocessing.parent_process() is not None:
+        return
+    if at_import:
+        try:
+            if env_compile_workers() == 0:
+                return
+        except InvalidOptionError:
+            return
+    get_zygote()
 
 
 def get_pool(size: int, preload: tuple[str, ...] = ()) -> WorkerPool:
