@@ -75,7 +75,9 @@ def main() -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = os.environ.get("TRITON_CTX_TUNE_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
-    dist.init_process_group(backend)
+    # device_id: NCCL sets up its communicator here, in the program's set-up, not in the first all-reduce
+    # (inside the first, tuning, call).
+    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     try:
         return run(args, device, backend)
     finally:
