@@ -194,11 +194,14 @@ class _Zygote:
         """Close its socket (it kills what it forked and exits); kill it if it has not after a short wait."""
         if os.getpid() != self.owner:
             return  # a fork of the owner: the zygote is not this process's
+        booting = self.state == "booting"
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
         try:
-            self.proc.wait(timeout=2.0)
+            # Still importing (a short program that imported this package and exits): it has forked nothing and
+            # reads no socket yet, so it is killed at once rather than waited for.
+            self.proc.wait(timeout=0.0 if booting else 2.0)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
