@@ -239,10 +239,11 @@ class TuneOptions:
     early_stop: float | bool | None = None  # None: TRITON_CTX_TUNE_EARLY_STOP or 1.5; False: off
     precompile: bool | None = None  # None: TRITON_CTX_TUNE_PRECOMPILE, on unless it is 0
     compile_threads: int | None = None  # None: cores / local ranks, at most 32
-    # Compile worker processes of this rank (compile_workers.py): forked from a zygote that decoration
-    # starts, kept for every later key, they compile in parallel where threads hold the GIL. 0: threads
-    # only. None: TRITON_CTX_TUNE_COMPILE_WORKERS, else the pool start_compile_workers() started, else
-    # one per core the rank may use (the node's cores shared among its local ranks, at most 32).
+    # Compile worker processes of this rank (compile_workers.py): forked from a zygote that the package's
+    # import (or a decoration) starts, kept for every later key, they compile in parallel where threads
+    # hold the GIL. 0: threads only. None: TRITON_CTX_TUNE_COMPILE_WORKERS, else the pool
+    # start_compile_workers() started, else one per core the rank may use (the node's cores shared among
+    # its local ranks, at most 32).
     compile_workers: int | None = None
     # Seconds one config may spend compiling during precompilation; a config that takes longer is
     # invalid on every rank and its compile is abandoned (a compiler that hangs on one config must
@@ -479,7 +480,7 @@ class TuneOptions:
             return 0  # nothing is compiled there
         n = env_compile_workers() if self.compile_workers is None else self.compile_workers
         if n is None:
-            # On by default since workers are forked from the zygote that decoration started: they no
+            # On by default since workers are forked from a zygote started before the call: they no
             # longer import torch while the first call compiles (which, on 2 H200 ranks, made the FLA
             # step 30 s instead of 25 s when each worker imported it for itself).
             return started_workers() or default_workers()
