@@ -11,7 +11,6 @@ the compile timeout and fail.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from typing import Any
@@ -135,45 +134,6 @@ def test_the_compiler_hash_every_compile_keys_on_is_primed_once():
     hits = key.cache_info().hits
     prime_compiler_hash()
     assert key.cache_info().hits == hits + 1
-
-
-
-def test_importing_the_package_starts_the_compiler_hash_and_the_zygote_unless_interpreting():
-    """A function decorated just before its first call waited 0.45 s for the hash (RESULTS.md, section 36), and met
-    its first keys before the zygote it started was ready: both start at the package's import now (the hash on a
-    daemon thread: no exit waits for it). Not under the interpreter, which compiles nothing; no zygote when
-    TRITON_CTX_TUNE_COMPILE_WORKERS=0."""
-    import subprocess
-    import sys
-
-    code = ("import importlib, json, triton_ctx_tune; from triton_ctx_tune.runtime import compat\n"
-            "from triton_ctx_tune.compile import compile_workers\n"
-            "t = compat._priming.get('hash')\n"
-            "out = {'started': sorted(compat._priming), 'daemon': t.daemon if t else None,\n"
-            "       'zygote': compile_workers.zygote_state() is not None}\n"
-            "zygote_pid = compile_workers.get_zygote().pid if out['zygote'] else None\n"
-            "if t: t.join()\n"
-            "homes = [importlib.import_module(m) for m in ('triton.runtime.cache', 'triton.compiler.compiler')]\n"
-            "key = [m.triton_key for m in homes if hasattr(m, 'triton_key')][0]\n"
-            "out['cached'] = key.cache_info().currsize\n"
-            "print(json.dumps(out)); print(json.dumps(zygote_pid))")
-    rows = {}
-    for name, extra in (("compiling", {"TRITON_INTERPRET": "0"}), ("interpreter", {"TRITON_INTERPRET": "1"}),
-                        ("workers off", {"TRITON_INTERPRET": "0", "TRITON_CTX_TUNE_COMPILE_WORKERS": "0"})):
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_CTX_TUNE_COMPILE_WORKERS"}
-        proc = subprocess.run([sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True,
-                              timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        *_, row, zygote = proc.stdout.splitlines()
-        rows[name] = json.loads(row)
-        if (pid := json.loads(zygote)) is not None:  # the exit took it along (killed while still importing)
-            deadline = time.monotonic() + 15
-            while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert not os.path.exists(f"/proc/{pid}"), "the zygote outlived the process that imported the package"
-    assert rows["compiling"] == {"started": ["hash"], "daemon": True, "zygote": True, "cached": 1}
-    assert rows["interpreter"] == {"started": [], "daemon": None, "zygote": False, "cached": 0}
-    assert rows["workers off"] == {"started": ["hash"], "daemon": True, "zygote": False, "cached": 1}
 
 
 def _fresh_kernel(x_ptr, n, BLOCK: tl.constexpr):
