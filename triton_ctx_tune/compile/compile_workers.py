@@ -3,17 +3,17 @@
 Triton's front end holds the GIL, so threads in one process compile about one config at a time. A process per
 compile, or a worker started at the first tuning call, spends its first seconds importing torch, and W ranks x N
 workers importing at once competed with the ranks' own compiles (measured on 2 H200s: the FLA step 30 s instead of
-25 s). So each rank starts one small server, the zygote, when this package is imported (or a tuned function
-decorated), long before its first call: it imports triton and the modules of this package that compile (not torch:
-ready in about 0.5 s), primes Triton's compiler hash, and then forks a worker in milliseconds whenever the pool
-asks for one (a fork server, as multiprocessing's 'forkserver' with preloaded modules, but without re-running the
-parent's main script). The zygote initialises no GPU and imports nothing of the user's library: a worker gets each
-config as compat.describe_compile describes it (the kernel's source, its JIT dependencies and globals, and the
-signature, constexprs, attributes, options and target that Triton's own compile-only launch would pass to
-compile()), and compiles it for the parent's GPU target (compat.compile_described) under the parent's cache key;
-the binary lands in Triton's disk cache, where the parent's own compile-only launch then finds it. So a kernel
-defined in __main__ or inside a function, and a library that touches CUDA at import (FLA asks for the device's
-name), compile here too.
+25 s). So each rank starts one small server, the zygote, when this package is imported (or a tuned function decorated),
+long before its first call: it imports triton and the modules of this package that compile (not torch: ready in about
+0.5 s), primes Triton's compiler hash, imports its code generator, and then forks a worker in milliseconds whenever
+the pool asks for one (a fork server, as multiprocessing's 'forkserver' with preloaded modules, but without
+re-running the parent's main script). The zygote initialises no GPU and imports nothing of the user's library: a worker
+gets each config as compat.describe_compile describes it (the kernel's source, its JIT dependencies and globals, and
+the signature, constexprs, attributes, options and target that Triton's own compile-only launch would pass to
+compile()), and compiles it for the parent's GPU target (compat.compile_described) under the parent's cache key; the
+binary lands in Triton's disk cache, where the parent's own compile-only launch then finds it. So a kernel defined in
+__main__ or inside a function, and a library that touches CUDA at import (FLA asks for the device's name), compile
+here too.
 
 Each worker leads its own process group, so a compile that runs past its limit is killed with the
 ptxas it started. The zygote reaps its workers and reports how each ended (the crash message names
@@ -49,6 +49,7 @@ from ..runtime.compat import (
     compile_described,
     compile_target,
     config_failure_reason,
+    preload_compiler,
     prime_compiler_hash,
     use_compile_only_driver,
 )
@@ -575,6 +576,7 @@ def zygote(control_fd: int, parent: int) -> None:
         # preloads imports it in _prepare, once, before the forks.
         import triton.backends  # noqa: F401,PLC0415  (every backend's compiler, for whichever target comes)
         prime_compiler_hash()  # inherited by every fork
+        preload_compiler()  # and so is this: otherwise each worker's first compile imports it
         sock.send(pickle.dumps(("ready",)))
         while os.getppid() == parent:
             readable, _, _ = select.select([sock], [], [], 0.5)
