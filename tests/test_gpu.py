@@ -323,6 +323,62 @@ def test_a_described_configs_launcher_is_built_while_it_compiles_not_at_its_firs
     assert builds == ["__triton_launcher", "__triton_launcher"]
 
 
+def test_a_first_call_builds_each_kernel_signatures_launcher_once(tmp_path, monkeypatch):
+    """The first execution launches whichever of a key's configs compiled first. It waited for the launcher being
+    built (compat.prebuild_launcher) only when that was the config it had asked for first; otherwise Triton's load
+    ran the C compiler for the same launcher again, on the execution's path (RESULTS.md, section 39)."""
+    from triton.runtime import build
+
+    from triton_ctx_tune.runtime import compat
+
+    if compat._launcher_builder() is None:
+        pytest.skip("this Triton has one launcher for every signature")
+    cache = tmp_path / "triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    with contextlib.suppress(AttributeError):
+        monkeypatch.setattr(triton.knobs.cache, "dir", str(cache))
+    builds: list[str] = []
+    real = build._build
+
+    def counted(name: str, *a: Any, **k: Any) -> Any:
+        if name == "__triton_launcher":
+            builds.append(name)
+        return real(name, *a, **k)
+    monkeypatch.setattr(build, "_build", counted)
+
+    @contextual_autotune(n_warmup=1, n_repeat=2)
+    def op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out, y = torch.empty_like(x), torch.empty(x.numel(), dtype=torch.int32, device=x.device)
+        _scale_many[lambda m: (triton.cdiv(x.numel(), m["BLOCK"]),)](x, out, x.numel(), 3.0)
+        _fill_many[lambda m: (triton.cdiv(x.numel(), m["BLOCK"]),)](y, x.numel(), 7)
+        return out, y
+
+    x = torch.randn(1 << 16, device="cuda")
+    out, y = op(x)
+    torch.testing.assert_close(out, x * 3.0)
+    assert bool((y == 7).all())
+    assert builds == ["__triton_launcher", "__triton_launcher"]  # one per signature, never one more at a launch
+    assert len([e for e in _events(tmp_path) if e["event"] == "precompile"]) == 2
+
+
+_MANY = [triton.Config({"BLOCK": b}, num_warps=w) for b in (256, 512, 1024, 2048) for w in (2, 4, 8)]
+
+
+@triton.autotune(configs=_MANY, key=["n"])
+@triton.jit
+def _scale_many(x, out, n, factor, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=mask) * factor, mask=mask)
+
+
+@triton.autotune(configs=_MANY, key=["n"])
+@triton.jit
+def _fill_many(y, n, value, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + offs, tl.full((BLOCK,), value, tl.int32), mask=offs < n)
+
+
 @triton.autotune(configs=[triton.Config({"BLOCK": 1024}, num_warps=4)], key=["n"])
 @triton.jit
 def _multiply(x, out, n, factor, BLOCK: tl.constexpr):

@@ -258,6 +258,47 @@ def first_in_fork_grace(pool: Any) -> dict[str, Any]:
             "failures": len(done.failures) + len(done.rejected), "configs": len(state.configs)}
 
 
+def launcher_wait() -> dict[str, Any]:
+    """A build of the kernel's launcher is under way (as compat.prebuild_launcher starts one when a key's configs
+    are described, on Triton 3.4 to 3.6; here a thread that ends half a second after the first config is ready):
+    first_ready() hands the execution a config only once that build has ended, whichever config is ready first.
+    Launched before, Triton's load would run the C compiler for it again, on the execution's path."""
+    import threading
+
+    at, n = K.double_, 3000  # a size no other scenario of this process compiles
+    args = (torch.zeros(n), n)
+    kwargs = {"grid": (1,), "warmup": False}
+    captured = compat.capture_compile(at, at.configs[0], args, kwargs)
+    assert captured is not None
+    key = compat._launcher_key(captured[0].signature)
+    release, released_at = threading.Event(), []
+    builder = threading.Thread(target=release.wait, args=(30.0,), name="ctx-tune-launcher", daemon=True)
+    with compat._LAUNCHERS_LOCK:
+        compat._LAUNCHERS[key] = builder
+    builder.start()
+    state = key_state(at, args, kwargs)
+    compiling = P.start(state, args, kwargs, Collectives(False), threads=2, workers=2)
+
+    def end_build() -> None:
+        with compiling._cond:
+            compiling._cond.wait_for(lambda: bool(compiling._ready), 60.0)
+        time.sleep(0.5)
+        released_at.append(time.monotonic())
+        release.set()
+
+    ender = threading.Thread(target=end_build)
+    ender.start()
+    first = compiling.first_ready()
+    returned_at = time.monotonic()
+    done = compiling.finish(Collectives(False))
+    ender.join()
+    with compat._LAUNCHERS_LOCK:
+        compat._LAUNCHERS.pop(key, None)
+    return {"first": first, "after_build": bool(released_at) and returned_at >= released_at[0],
+            "launcher_wait_s": done.phases.get("launcher_wait_s", 0.0), "configs": len(state.configs),
+            "failures": len(done.failures) + len(done.rejected)}
+
+
 LIMIT_BESIDE_S = 60.0  # the "deadline" scenario's compile limit: the straggler cutoff must come first
 
 
@@ -404,6 +445,8 @@ def scenario(name: str) -> dict[str, Any]:
         return {"pids": pids, **urgent_first(pool)}
     if name == "first_in_grace":
         return {"pids": pids, **first_in_fork_grace(pool)}
+    if name == "launcher_wait":
+        return {"pids": pids, **launcher_wait()}
     if name == "hold":
         print(json.dumps({"pids": pids, "parent": os.getpid(), "zygote": pool.zygote.pid}), flush=True)
         time.sleep(3600)  # the test kills this process

@@ -340,11 +340,11 @@ class Batch:
 
 def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
              timeout_s: float, pool: WorkerPool | None = None, device: int | None = None,
-             load: bool = True, on_ready: Callable[[int], None] | None = None,
+             load: bool = True, on_ready: Callable[[int, Any], None] | None = None,
              stop: threading.Event | None = None, later: bool = False, gated: bool = True,
              stragglers: float = math.inf) -> Batch:
     """Compile configs `indices` on up to `threads` threads (and `pool`'s workers); `device` is the
-    caller's, since a thread started here (or by start()) begins on device 0; `on_ready(i)` as each
+    caller's, since a thread started here (or by start()) begins on device 0; `on_ready(i, kernel)` as each
     config's compile succeeds; `stop`, once set, starts no further config (they count as not compiled);
     `later`: the configs wait in GATE behind every config of any key that is not `later` (stolen ones);
     `gated=False`: they take no place in GATE (a step's end loading what other ranks compiled: it would wait
@@ -421,7 +421,7 @@ class _BatchCompile:
 
     def __init__(self, state: KeyState, indices: list[int], args: tuple, kwargs: dict[str, Any], threads: int,
                  timeout_s: float, pool: WorkerPool | None, device: int | None,
-                 on_ready: Callable[[int], None] | None, stop: threading.Event | None, later: bool,
+                 on_ready: Callable[[int, Any], None] | None, stop: threading.Event | None, later: bool,
                  stragglers: float) -> None:
         self.state, self.args, self.kwargs, self.threads = state, args, kwargs, threads
         self.timeout_s, self.pool, self.device, self.on_ready, self.stop = timeout_s, pool, device, on_ready, stop
@@ -534,12 +534,10 @@ class _BatchCompile:
             if i not in out.places:  # compiled by that launch, on this thread
                 out.places[i] = HERE
                 self._compiled(i, time.perf_counter() - began)
-            if i == self.first:
-                await_launcher(kernel)  # its first launch loads it, on the execution's path
             if out.first_s is None:
                 out.first_s = time.perf_counter() - self.started
             if self.on_ready is not None:
-                self.on_ready(i)
+                self.on_ready(i, kernel)
             return kernel, None
         except SignatureUnknown as e:
             out.skipped[i] = f"not precompiled: {e}; it compiles at its first launch"
@@ -873,6 +871,8 @@ class Precompiling:
                                                   cheapest_first)))
         self.ran_meanwhile: list[int] = []  # what first_ready() handed to the execution
         self._ready: list[int] = []
+        self._kernels: dict[int, Any] = {}  # the ready configs' binaries
+        self.launcher_wait_s = 0.0  # first_ready()'s waits for a launcher being built
         self._settled = False
         self._cond = threading.Condition()
         self._stop_stealing = threading.Event()
@@ -913,9 +913,10 @@ class Precompiling:
             except Exception:  # noqa: BLE001 (a head start only: finish() compiles these configs itself)
                 pass
 
-    def _on_ready(self, index: int) -> None:
+    def _on_ready(self, index: int, kernel: Any) -> None:
         with self._cond:
             self._ready.append(index)
+            self._kernels[index] = kernel
             self._cond.notify_all()
 
     def first_ready(self) -> int | None:
@@ -925,8 +926,16 @@ class Precompiling:
             self._cond.wait_for(lambda: bool(self._ready) or self._settled)
             if not self._ready:
                 return None
-            self.ran_meanwhile.append(self._ready[0])
-            return self._ready[0]
+            index = self._ready[0]
+            self.ran_meanwhile.append(index)
+        # Its launch loads it: where the launcher of its signature is being built (compat.prebuild_launcher, started
+        # when the key's configs were described), wait for that build. Triton's load would otherwise run the C
+        # compiler again, from now: on 2 H200s the example's first execution built both of its launchers so, 0.5 to
+        # 0.8 s each, on its path, while the builds started earlier were still running (RESULTS.md, section 39).
+        began = time.perf_counter()
+        await_launcher(self._kernels[index])
+        self.launcher_wait_s += time.perf_counter() - began
+        return index
 
     @property
     def done(self) -> bool:
@@ -977,6 +986,8 @@ class Precompiling:
         lap("finish_rest_s")
         if mine.first_s is not None:
             phases["first_ready_s"] = mine.first_s
+        if self.launcher_wait_s:
+            phases["launcher_wait_s"] = self.launcher_wait_s
         # A config can fail here alone (a timeout on this rank, a binary this GPU cannot load):
         # share that too, so every rank treats the same configs alike from the first slot on.
         more_failures, more_rejected = _share(comm, more, n, "share load results")
