@@ -48,7 +48,11 @@ EVENTS: dict[str, EventSpec] = dict([
     # share, loaded from the shared cache at the step's end), "cache" (Triton's cache had it already); counts:
     # configs per place; compile_s: the sum of their own compile times; wall_s: from the key's
     # first launch to its last config's end; parallelism: compile_s / wall_s; undescribed: configs no worker
-    # could take, and why; stolen: other local ranks' configs this rank's workers compiled ahead.
+    # could take, and why; stolen: other local ranks' configs this rank's workers compiled ahead. phases: seconds
+    # per phase; describe_s, wait_s, worker_s and parent_s are sums over the key's configs, which run on many
+    # threads at once (16 threads describing for 0.1 s sum to 1.5 s); first_ready_s (to the first config
+    # compiled) and launcher_wait_s (the execution waiting for its launcher's build) are the execution's own
+    # waits; finish_*_s are the step's end.
     _spec("precompile", "a key's configs compiled in the background", "kernel", "key", "mine", "seconds", "failures",
           "rejected", "skipped", "by_workers", "workers", "ran_meanwhile", "places", "counts", "compile_s", "wall_s",
           "parallelism", "undescribed", "stolen", "phases", "met_s", "spans"),
