@@ -429,3 +429,31 @@ def test_the_execution_launches_its_first_config_only_once_the_launcher_being_bu
     assert row["failures"] == 0 and row["first"] in range(row["configs"])
     assert row["after_build"] is True
     assert row["launcher_wait_s"] >= 0.4  # the build ended half a second after a config was ready
+
+
+def test_a_keys_threads_run_ptxas_for_the_backends_hash_once(tmp_path):
+    """Every compile's cache key holds the backend's hash, for CUDA the version `ptxas --version` prints (lru_cached):
+    the threads describing a fresh process's first key each missed it and ran ptxas. Precompile computes it once
+    before they start (compat.prime_backend_hash)."""
+    row = _run(("ptxas_once",), str(tmp_path / "triton-cache"))["ptxas_once"]
+    assert row["before"] == 0  # nothing in this process had asked yet
+    assert row["after"] == 1
+    assert row["failures"] == 0 and row["configs"] == 48
+
+
+def test_decorating_imports_the_code_generator_that_the_first_description_would():
+    """A fresh process's first description of a config imported Triton's code generator, on one thread while the
+    key's other threads waited: the decoration's priming thread imports it now (compat._prime_driver)."""
+    code = ("import json, sys, triton_ctx_tune\n"
+            "from triton_ctx_tune.runtime import compat\n"
+            "out = {'import': 'triton.compiler.code_generator' in sys.modules}\n"
+            "@triton_ctx_tune.contextual_autotune()\n"
+            "def f():\n"
+            "    pass\n"
+            "compat._priming['driver'].join()\n"
+            "out['decoration'] = 'triton.compiler.code_generator' in sys.modules\n"
+            "print(json.dumps(out))")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_CTX_TUNE_COMPILE_WORKERS")}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"import": False, "decoration": True}

@@ -299,6 +299,21 @@ def launcher_wait() -> dict[str, Any]:
             "failures": len(done.failures) + len(done.rejected)}
 
 
+def ptxas_once() -> dict[str, Any]:
+    """A fresh process's first key, its configs described on 8 threads at once: the backend's hash (for CUDA, what
+    `ptxas --version` prints, lru_cached) is computed once, before the threads start (compat.prime_backend_hash),
+    not by every thread that missed the cache."""
+    from triton.backends.nvidia import compiler as nvidia
+
+    before = nvidia.get_ptxas_version.cache_info().misses
+    at, n = many_configs_add_one_, 112
+    args, kwargs = (torch.zeros(n), n), {"grid": (1,), "warmup": False}
+    done = P.start(key_state(at, args, kwargs), args, kwargs, Collectives(False), threads=8,
+                   workers=0).finish(Collectives(False))
+    return {"pids": [], "before": before, "after": nvidia.get_ptxas_version.cache_info().misses,
+            "failures": len(done.failures) + len(done.rejected), "configs": len(at.configs)}
+
+
 LIMIT_BESIDE_S = 60.0  # the "deadline" scenario's compile limit: the straggler cutoff must come first
 
 
@@ -307,6 +322,8 @@ def scenario(name: str) -> dict[str, Any]:
         return default_path()
     if name == "cold":
         return cold_start()
+    if name == "ptxas_once":
+        return ptxas_once()
     # As a training script would during its set-up; later scenarios find the same pool.
     start_compile_workers(2, preload=("tests.preload_marker",))
     pool = get_pool(2)

@@ -70,6 +70,7 @@ from ..runtime.compat import (
     describe_compile,
     interpret_mode,
     load_binary,
+    prime_backend_hash,
     prime_compiler_hash,
     prime_interpreter,
 )
@@ -880,8 +881,9 @@ class Precompiling:
         self.pool = _pool(workers, state)
         self.device = _device()
         if not interpret_mode():
-            # Here, once: the threads started below, and this execution's own compile, would all compute it.
+            # Here, once: the threads started below, and this execution's own compile, would all compute them.
             prime_compiler_hash()
+            prime_backend_hash()
         else:
             prime_interpreter(state.autotuner)  # its AST is parsed here, not on a compile thread
         self._outcome: Batch | None = None
