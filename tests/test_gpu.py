@@ -281,18 +281,20 @@ def test_budgeted_keys_compile_their_new_rungs_together_in_a_step_of_their_own(t
     autotuner(_budgeted_matmul).cache.clear()
 
 
-def test_a_described_configs_launcher_is_built_while_it_compiles_not_at_its_first_load(tmp_path, monkeypatch):
-    """Triton 3.4 to 3.6 build a C launcher per kernel signature at the first load of a binary; describing a config
-    (precompile does, before a worker compiles it) builds it on a thread, so the load runs no C compiler."""
+@pytest.fixture
+def launcher_builds(tmp_path, monkeypatch) -> list[str]:
+    """A fresh Triton cache, and the C compiler's builds of kernel launchers in it, listed as they run (Triton 3.4
+    to 3.6 build one per kernel signature at the first load of a binary)."""
     from triton.runtime import build
 
     from triton_ctx_tune.runtime import compat
 
     if compat._launcher_builder() is None:
         pytest.skip("this Triton has one launcher for every signature")
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    cache = tmp_path / "triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
     with contextlib.suppress(AttributeError):
-        monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))
+        monkeypatch.setattr(triton.knobs.cache, "dir", str(cache))
     builds: list[str] = []
     real = build._build
 
@@ -301,7 +303,15 @@ def test_a_described_configs_launcher_is_built_while_it_compiles_not_at_its_firs
             builds.append(name)
         return real(name, *a, **k)
     monkeypatch.setattr(build, "_build", counted)
+    return builds
 
+
+def test_a_described_configs_launcher_is_built_while_it_compiles_not_at_its_first_load(launcher_builds):
+    """Describing a config (precompile does, before a worker compiles it) builds its launcher on a thread, so the
+    load runs no C compiler."""
+    from triton_ctx_tune.runtime import compat
+
+    builds = launcher_builds
     x = torch.arange(1000, device="cuda", dtype=torch.float32)
     out = torch.empty_like(x)
     at = autotuner(_multiply)
@@ -323,29 +333,11 @@ def test_a_described_configs_launcher_is_built_while_it_compiles_not_at_its_firs
     assert builds == ["__triton_launcher", "__triton_launcher"]
 
 
-def test_a_first_call_builds_each_kernel_signatures_launcher_once(tmp_path, monkeypatch):
+def test_a_first_call_builds_each_kernel_signatures_launcher_once(tmp_path, launcher_builds):
     """The first execution launches whichever of a key's configs compiled first. It waited for the launcher being
     built (compat.prebuild_launcher) only when that was the config it had asked for first; otherwise Triton's load
     ran the C compiler for the same launcher again, on the execution's path (RESULTS.md, section 39)."""
-    from triton.runtime import build
-
-    from triton_ctx_tune.runtime import compat
-
-    if compat._launcher_builder() is None:
-        pytest.skip("this Triton has one launcher for every signature")
-    cache = tmp_path / "triton"
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
-    with contextlib.suppress(AttributeError):
-        monkeypatch.setattr(triton.knobs.cache, "dir", str(cache))
-    builds: list[str] = []
-    real = build._build
-
-    def counted(name: str, *a: Any, **k: Any) -> Any:
-        if name == "__triton_launcher":
-            builds.append(name)
-        return real(name, *a, **k)
-    monkeypatch.setattr(build, "_build", counted)
-
+    builds = launcher_builds
     @contextual_autotune(n_warmup=1, n_repeat=2)
     def op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out, y = torch.empty_like(x), torch.empty(x.numel(), dtype=torch.int32, device=x.device)
