@@ -51,6 +51,16 @@ def _all_gone(pids: list[int], within_s: float = 15.0) -> bool:
     return True
 
 
+def _fresh_process(code: str, drop: tuple[str, ...] = (), **extra: str) -> list[str]:
+    """Run `code` in a fresh Python process at the repository's root, without the environment's variables `drop`
+    and with `extra`; its output's lines (it must exit 0)."""
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, **extra}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.splitlines()
+
+
 @functools.cache
 def _run(scenarios: tuple[str, ...], cache: str, **extra: str) -> dict[str, dict[str, Any]]:
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "workers_parent.py"), *scenarios], cwd=ROOT,
@@ -381,11 +391,7 @@ def test_importing_the_package_starts_the_compiler_hash_and_the_zygote_unless_in
     rows = {}
     for name, extra in (("compiling", {"TRITON_INTERPRET": "0"}), ("interpreter", {"TRITON_INTERPRET": "1"}),
                         ("workers off", {"TRITON_INTERPRET": "0", "TRITON_CTX_TUNE_COMPILE_WORKERS": "0"})):
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_CTX_TUNE_COMPILE_WORKERS"}
-        proc = subprocess.run([sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True,
-                              timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        *_, row, zygote = proc.stdout.splitlines()
+        *_, row, zygote = _fresh_process(code, ("TRITON_CTX_TUNE_COMPILE_WORKERS",), **extra)
         rows[name] = json.loads(row)
         if (pid := json.loads(zygote)) is not None:  # the exit took it along (killed while still importing)
             assert _all_gone([pid]), "the zygote outlived the process that imported the package"
@@ -410,12 +416,9 @@ def test_a_process_prepared_as_the_zygote_compiles_its_first_config_without_impo
             "kernel = triton.compile(src, target=GPUTarget('cuda', 90, 32))\n"
             "print(json.dumps({'new': sorted(m for m in set(sys.modules) - before if m.startswith('triton')),\n"
             "                  'cubin': len(kernel.asm['cubin'])}))")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     with tempfile.TemporaryDirectory() as cache:
-        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                              env={**env, "TRITON_CACHE_DIR": cache, "TRITON_CTX_TUNE_COMPILE_WORKERS": "0"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    row = json.loads(proc.stdout.splitlines()[-1])
+        lines = _fresh_process(code, ("TRITON_INTERPRET",), TRITON_CACHE_DIR=cache, TRITON_CTX_TUNE_COMPILE_WORKERS="0")
+    row = json.loads(lines[-1])
     assert row["new"] == []
     assert row["cubin"] > 0
 
@@ -453,7 +456,5 @@ def test_decorating_imports_the_code_generator_that_the_first_description_would(
             "compat._priming['driver'].join()\n"
             "out['decoration'] = 'triton.compiler.code_generator' in sys.modules\n"
             "print(json.dumps(out))")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_CTX_TUNE_COMPILE_WORKERS")}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.splitlines()[-1]) == {"import": False, "decoration": True}
+    lines = _fresh_process(code, ("TRITON_INTERPRET", "TRITON_CTX_TUNE_COMPILE_WORKERS"))
+    assert json.loads(lines[-1]) == {"import": False, "decoration": True}
