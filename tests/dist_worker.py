@@ -338,6 +338,23 @@ def scenario_straggler() -> dict[str, Any]:
     return {"ok": True, "elapsed": time.monotonic() - start}
 
 
+def scenario_late_peer() -> dict[str, Any]:
+    """A collective whose peer comes 0.6 s late, waited for in slices of 0.05 s: the wait spans several slices
+    and returns every rank's payload, not a slice's "Operation timed out!"."""
+    from triton_ctx_tune.runtime import collectives
+
+    collectives.WAIT_SLICE_S = 0.05
+    comm = collectives.Collectives(True, timeout_s=20.0)
+    comm.all_gather(torch.zeros(1, dtype=torch.int64), "make the group")  # (its making lines the ranks up)
+    if rank() == 1:
+        time.sleep(0.6)
+    start = time.monotonic()
+    rows = comm.all_gather(torch.tensor([rank() + 10], dtype=torch.int64), "late peer")
+    waited = time.monotonic() - start
+    again = comm.all_gather(torch.tensor([rank() + 20], dtype=torch.int64), "on time")  # the group still works
+    return {"ok": True, "rows": rows.flatten().tolist(), "again": again.flatten().tolist(), "waited_s": waited}
+
+
 def init_group() -> str:
     """Join the torchrun group: NCCL on GPUs (one per local rank), else gloo. Returns the backend."""
     backend = os.environ.get("TRITON_CTX_TUNE_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")

@@ -247,6 +247,13 @@ def test_a_rank_that_never_joins_gives_a_timeout_error_not_a_hang(tmp_path):
     assert rows[1]["ok"] and "error" not in rows[1]
 
 
+def test_a_collective_waited_for_in_slices_returns_when_a_late_peer_comes(tmp_path):
+    rows = run_ranks(2, ["late_peer"], tmp_path)["late_peer"]
+    assert [r["rows"] for r in rows] == [[10, 11], [10, 11]]
+    assert [r["again"] for r in rows] == [[20, 21], [20, 21]]
+    assert 0.5 < rows[0]["waited_s"] < 5.0, rows[0]  # rank 0 waited for rank 1 across about 12 slices
+
+
 def test_example_matches_the_reference_through_launch(tmp_path):
     if not (ROOT / "examples" / "tp_mlp.py").exists():
         pytest.fail("examples/tp_mlp.py is missing")
