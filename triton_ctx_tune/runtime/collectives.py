@@ -166,14 +166,19 @@ class Collectives:
             left = deadline - time.monotonic()
             if left <= 0 and not work.is_completed():
                 raise CollectiveTimeoutError(what, timeout_s, self.global_rank, self.world)
+            slice_s = min(max(left, 1e-3), WAIT_SLICE_S)
+            began = time.monotonic()
             try:
-                work.wait(datetime.timedelta(seconds=min(max(left, 1e-3), WAIT_SLICE_S)))
+                work.wait(datetime.timedelta(seconds=slice_s))
                 return
             except RuntimeError:
                 if work.is_completed():  # it failed (a peer gone), or ended just after the slice did:
                     work.wait()  # returns, or raises the collective's own error
                     return
-                # else the slice ended first ("Operation timed out!"): the collective is still pending
+                # else the slice ended first ("Operation timed out!"): the collective is still pending. A backend
+                # whose timed wait returns at once instead would spin here: poll it every millisecond then.
+                if time.monotonic() - began < slice_s / 2:
+                    time.sleep(1e-3)
 
     def _raw_gather(self, t: torch.Tensor, what: str, timeout_s: float | None = None) -> torch.Tensor:
         t = t.contiguous()
