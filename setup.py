@@ -16,7 +16,8 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["triton_ctx_tune", "triton_ctx_tune.*"]),
     python_requires=">=3.10",  # dataclass(kw_only=True) (engine/state.py, engine/search.py), X | Y aliases
-    install_requires=["triton>=3.4", "torch>=2.4", "numpy"],
+    # torch 2.8 is Triton 3.4's own; an older one can hang in destroy_process_group (runtime/compat.OLDEST_TORCH).
+    install_requires=["triton>=3.4", "torch>=2.8", "numpy"],
     extras_require={
         # The linters are pinned: a new release's new checks would fail CI on code that did not change.
         "test": ["pytest>=7", "mypy==2.4.1", "ruff==0.17.6"],

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +23,9 @@ from tests.kernels import DEVICE, autotuner, chosen, grid
 from triton_ctx_tune import CtxTuneError, InvalidOptionError, NoValidConfigError, autotuner_patch, contextual_autotune
 from triton_ctx_tune.runtime import patch as ctx_patch
 from triton_ctx_tune.runtime import resolver
-from triton_ctx_tune.runtime.compat import interpret_mode, interpreter_numpy_note
+from triton_ctx_tune.runtime.compat import interpret_mode, interpreter_numpy_note, torch_version_note
+
+ROOT = Path(__file__).resolve().parent.parent
 
 ORIGINAL_RUN = Autotuner.__dict__["run"]
 FAST = dict(n_warmup=1, n_repeat=2, early_stop=False)  # 3 slots per config, every config measured fully
@@ -609,6 +614,24 @@ def test_numpy_note_only_for_the_versions_that_have_the_bug():
         assert interpreter_numpy_note(err, triton_version, numpy_version) is None
     assert interpreter_numpy_note(_interpreter_error(TypeError("unsupported operand")), "3.4.0", "2.4.6") is None
     assert interpreter_numpy_note(TypeError(NUMPY_SCALAR_ERROR), "3.4.0", "2.4.6") is None
+
+
+def test_a_torch_older_than_2_8_is_named_with_the_hang_it_risks_and_the_fix():
+    note = torch_version_note("2.4.1+cu121")
+    assert note == ("triton_ctx_tune needs torch 2.8 or newer; found 2.4.1+cu121. With an older torch a job can hang "
+                    "in torch.distributed.destroy_process_group() at its end (gloo's destructor holds the GIL that its "
+                    "own thread needs: pytorch/pytorch#154976, fixed in torch 2.8). Upgrade: pip install "
+                    "'torch>=2.8'.")
+    assert torch_version_note("2.7.1") is not None
+    for supported in ("2.8.0+cu128", "2.11.0+cu130", "2.13.0+cpu", "2.10.0a0+git1234", "3.0.0"):
+        assert torch_version_note(supported) is None
+    # Importing the package says so, once, in a process whose torch reports 2.4.1.
+    code = ("import warnings, torch; torch.__version__ = '2.4.1'; warnings.simplefilter('always'); "
+            "import triton_ctx_tune")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TRITON_CTX_TUNE_COMPILE_WORKERS": "0"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.count("needs torch 2.8 or newer; found 2.4.1") == 1, proc.stderr[-2000:]
 
 
 def test_the_fast_tuning_key_is_tritons_key_for_every_way_of_passing_arguments():

@@ -82,4 +82,6 @@ def test_imported_after_init_process_group_it_leaves_no_reference_to_the_group()
     proc = subprocess.run([sys.executable, "-c", _IMPORTED_AFTER_INIT], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.strip() == "references 2", proc.stdout  # nothing but the script's own `world`
+    # (torch 2.8's gloo prints a line of its own when the group forms)
+    ours = [line for line in proc.stdout.splitlines() if line.startswith("references")]
+    assert ours == ["references 2"], proc.stdout  # nothing but the script's own `world`

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from triton_ctx_tune.runtime.compat import SUPPORTED
+from triton_ctx_tune.runtime.compat import OLDEST_TORCH, SUPPORTED
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,11 +26,15 @@ def test_quickstart_is_two_commands_and_ci_runs_the_test_one_verbatim():
     ci = ROOT.joinpath(".ci/run").read_text()
     lines = [line.strip() for line in ci.splitlines()]
     assert lines.count(commands[1]) == 1
-    # It runs first, then the suite again on the oldest Triton that compat.py supports.
+    # It runs first, then the suite again on the oldest Triton that compat.py supports...
     run_order = [line for line in lines if line in ("readme_test_command", '"$VENV/bin/python" -m pytest -q tests')]
     assert run_order == ["readme_test_command", '"$VENV/bin/python" -m pytest -q tests']
     oldest = ".".join(map(str, SUPPORTED[0]))
     assert f"OLDEST_TRITON={oldest}.0 " in ci and '"triton==$OLDEST_TRITON"' in ci
+    # ... with the oldest torch that setup.py allows, which compat.py warns below.
+    torch_floor = ".".join(map(str, OLDEST_TORCH))
+    assert f"OLDEST_TORCH={torch_floor}.0 " in ci and '"torch==$OLDEST_TORCH"' in ci
+    assert f'"torch>={torch_floor}"' in ROOT.joinpath("setup.py").read_text()
     assert "set -euo pipefail" in lines
 
 

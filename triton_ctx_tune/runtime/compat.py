@@ -27,13 +27,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 import triton
 from triton.compiler.errors import CompilationError, CompileTimeAssertionFailure
 from triton.runtime.autotuner import Autotuner, Config, Heuristics
 from triton.runtime.errors import InterpreterError, OutOfResources, PTXASError
 from triton.runtime.interpreter import InterpretedFunction
 
-__all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "interpret_mode", "tuning_key",
+__all__ = ["Autotuner", "Config", "TRITON_VERSION", "SUPPORTED", "OLDEST_TORCH", "torch_version_note",
+           "interpret_mode", "tuning_key",
            "prune_configs", "RUN_LEAVES", "note_run", "launch_config", "launch_cached", "compile_only",
            "SignatureUnknown", "hooked_launch_args",
            "prime_compiler_hash", "prime_backend_hash", "prime_soon", "prime_interpreter", "load_binary",
@@ -57,6 +59,25 @@ def _version_tuple(version: str) -> tuple[int, int]:
 if not SUPPORTED[0] <= _version_tuple(TRITON_VERSION) <= SUPPORTED[1]:
     warnings.warn(f"triton_ctx_tune supports triton 3.4 to 3.9; found {TRITON_VERSION}. "
                   "It may work, but nothing has been tested on this version.", stacklevel=2)
+
+# setup.py's floor: the torch that Triton 3.4, the oldest supported Triton, ships with. Older torch can hang in
+# destroy_process_group() at a job's end: gloo's destructor held the GIL while waiting for its thread, which was
+# freeing a finished collective's tensors and needed the GIL to do so (pytorch/pytorch#154976, in torch 2.8). On
+# torch 2.4.1 a 4-rank CPU test hung there after its last tuning call, every rank's results written.
+OLDEST_TORCH = (2, 8)
+
+
+def torch_version_note(version: str = torch.__version__) -> str | None:
+    """Why and how to upgrade, for a torch older than OLDEST_TORCH; None for a supported one."""
+    if _version_tuple(version) >= OLDEST_TORCH:
+        return None
+    return (f"triton_ctx_tune needs torch 2.8 or newer; found {version}. With an older torch a job can hang in "
+            "torch.distributed.destroy_process_group() at its end (gloo's destructor holds the GIL that its "
+            "own thread needs: pytorch/pytorch#154976, fixed in torch 2.8). Upgrade: pip install 'torch>=2.8'.")
+
+
+if (_torch_note := torch_version_note()) is not None:
+    warnings.warn(_torch_note, stacklevel=2)
 
 # What Triton's own _bench treats as "this config cannot run here", plus compile errors,
 # which the issue of one bad config must not turn into a failure of the whole function.
