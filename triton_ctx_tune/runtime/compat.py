@@ -71,9 +71,10 @@ def torch_version_note(version: str = torch.__version__) -> str | None:
     """Why and how to upgrade, for a torch older than OLDEST_TORCH; None for a supported one."""
     if _version_tuple(version) >= OLDEST_TORCH:
         return None
-    return (f"triton_ctx_tune needs torch 2.8 or newer; found {version}. With an older torch a job can hang in "
+    floor = ".".join(map(str, OLDEST_TORCH))
+    return (f"triton_ctx_tune needs torch {floor} or newer; found {version}. With an older torch a job can hang in "
             "torch.distributed.destroy_process_group() at its end (gloo's destructor holds the GIL that its "
-            "own thread needs: pytorch/pytorch#154976, fixed in torch 2.8). Upgrade: pip install 'torch>=2.8'.")
+            f"own thread needs: pytorch/pytorch#154976, fixed in torch 2.8). Upgrade: pip install 'torch>={floor}'.")
 
 
 if (_torch_note := torch_version_note()) is not None:
