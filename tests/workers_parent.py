@@ -9,6 +9,7 @@ Prints one JSON line per scenario.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -54,6 +55,15 @@ def main_add_one_(x_ptr, n, BLOCK: tl.constexpr):  # in __main__: a fresh proces
 def many_configs_add_one_(x_ptr, n, BLOCK: tl.constexpr):  # 48 configs: longer than the zygote's start
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 5, mask=offs < n)
+
+
+# Four configs, three of them the same PTX: the kernel has no loop, so num_stages changes nothing it compiles to.
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=2, num_stages=st) for st in (1, 2, 3)]
+                 + [triton.Config({"BLOCK": 64}, num_warps=4, num_stages=1)], key=["n"])
+@triton.jit
+def stages_blind_add_one_(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 7, mask=offs < n)
 
 
 def _local_kernel() -> Any:
@@ -314,6 +324,27 @@ def ptxas_once() -> dict[str, Any]:
             "failures": len(done.failures) + len(done.rejected), "configs": len(at.configs)}
 
 
+def shared_ptxas() -> dict[str, Any]:
+    """Four workers compile four configs at once, three of which make the same PTX: ptxas runs on it once, and the
+    other two configs take its cubin (compile/shared_ptxas.py). Every config's binary is in Triton's cache under its
+    own key, with its own num_stages in its metadata."""
+    start_compile_workers(4)
+    pool = get_pool(4)
+    assert pool.wait_ready(240), "workers did not start"
+    at, n = stages_blind_add_one_, 64
+    args, kwargs = (torch.zeros(n), n), {"grid": (1,), "warmup": False}
+    done = P.precompile(key_state(at, args, kwargs), args, kwargs, Collectives(False), threads=4, timeout_s=120.0,
+                        workers=4)
+    binaries = {}
+    for meta in CACHE.glob("*/stages_blind_add_one_.json"):
+        m = json.loads(meta.read_text())
+        cubin = meta.with_suffix(".cubin").read_bytes()
+        binaries[f"{m['num_warps']}w{m['num_stages']}s"] = hashlib.sha256(cubin).hexdigest()
+    return {"pids": pool.pids(), "by_workers": done.by_workers, "shared_ptxas": done.shared_ptxas,
+            "failures": len(done.failures) + len(done.rejected), "binaries": binaries,
+            "memo": sorted(p.name for p in (CACHE / "ctx_tune_ptxas").glob("*.out"))}
+
+
 LIMIT_BESIDE_S = 60.0  # the "deadline" scenario's compile limit: the straggler cutoff must come first
 
 
@@ -324,6 +355,8 @@ def scenario(name: str) -> dict[str, Any]:
         return cold_start()
     if name == "ptxas_once":
         return ptxas_once()
+    if name == "shared_ptxas":
+        return shared_ptxas()
     # As a training script would during its set-up; later scenarios find the same pool.
     start_compile_workers(2, preload=("tests.preload_marker",))
     pool = get_pool(2)

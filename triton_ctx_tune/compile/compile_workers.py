@@ -53,6 +53,7 @@ from ..runtime.compat import (
     prime_compiler_hash,
     use_compile_only_driver,
 )
+from . import shared_ptxas
 
 # Seconds a new worker may take to import torch, triton and this package before it is given up on.
 BOOT_TIMEOUT_S = 300.0
@@ -88,6 +89,7 @@ class Outcome:
     failure: str | None
     pid: int
     seconds: float = 0.0  # the compile's own time, in the worker
+    shared_ptxas: bool = False  # its cubin came from another config's ptxas run on the same PTX (shared_ptxas.py)
 
 
 def _kernel_id(spec: LaunchSpec) -> str:
@@ -396,7 +398,7 @@ class WorkerPool:
                     if (reason := give_up(waited)) is not None:
                         self._release(worker, replace=True)
                         return Outcome(Excluding(reason), pid, waited)
-            kind, text, seconds = worker.conn.recv() if answered else ("timeout", "", timeout_s)
+            kind, text, seconds, shared = worker.conn.recv() if answered else ("timeout", "", timeout_s, 0)
         except (EOFError, OSError):
             code = self.zygote.exit_code(pid, timeout_s=5.0)
             self._release(worker, replace=True)
@@ -412,7 +414,7 @@ class WorkerPool:
         if kind == "error":
             self.unusable.setdefault(_kernel_id(spec), text)  # it could not rebuild the kernel: nor will it later
             return None
-        return Outcome(text if kind == "failure" else None, pid, seconds)
+        return Outcome(text if kind == "failure" else None, pid, seconds, shared > 0)
 
     def compile(self, spec: LaunchSpec, timeout_s: float) -> Outcome | None:
         """Compile `spec` in a worker, waiting for one while any is ready or starting; None when no worker took it
@@ -577,6 +579,7 @@ def zygote(control_fd: int, parent: int) -> None:
         import triton.backends  # noqa: F401,PLC0415  (every backend's compiler, for whichever target comes)
         prime_compiler_hash()  # inherited by every fork
         preload_compiler()  # and so is this: otherwise each worker's first compile imports it
+        shared_ptxas.install()  # the workers of the node's ranks run ptxas once per PTX
         sock.send(pickle.dumps(("ready",)))
         while os.getppid() == parent:
             readable, _, _ = select.select([sock], [], [], 0.5)
@@ -644,12 +647,11 @@ def _worker(fd: int) -> None:
             began = time.perf_counter()
             try:
                 compile_described(spec)
-                reply: tuple[str, str, float] = ("ok", "", 0.0)
+                reply: tuple[str, str] = ("ok", "")
             except Exception as e:  # noqa: BLE001 (whatever failed, the worker reports it and takes the next)
                 reason = config_failure_reason(e)
-                reply = (("failure", reason, 0.0) if reason is not None
-                         else ("error", f"{type(e).__name__}: {e}", 0.0))
-            conn.send((reply[0], reply[1], time.perf_counter() - began))
+                reply = ("failure", reason) if reason is not None else ("error", f"{type(e).__name__}: {e}")
+            conn.send((*reply, time.perf_counter() - began, shared_ptxas.taken_since_last()))
     except (EOFError, OSError, KeyboardInterrupt):
         pass  # the pool closed it, or the rank died
     finally:

@@ -43,7 +43,6 @@ waiting for the one before, and a key's slowest config no longer stalls the whol
 from __future__ import annotations
 
 import atexit
-import fcntl
 import hashlib
 import heapq
 import itertools
@@ -74,6 +73,7 @@ from ..runtime.compat import (
     prime_compiler_hash,
     prime_interpreter,
 )
+from . import node_lock
 from .compile_workers import Excluding, WorkerPool, get_pool
 
 # A thread that hands its config to a worker waits this much longer than compile_timeout_s, so that
@@ -153,6 +153,7 @@ class Compiled:
     # own steps: wait (its share still compiling), load, gather, rest (the others' binaries from the cache).
     phases: dict[str, float] = field(default_factory=dict)
     spans: dict[int, tuple[float, float]] = field(default_factory=dict)  # this rank's share: Batch.spans
+    shared_ptxas: list[int] = field(default_factory=list)  # its share's configs whose cubin another's ptxas made
 
     def counts(self) -> dict[str, int]:
         return {p: sum(1 for v in self.places.values() if v == p) for p in PLACES}
@@ -236,22 +237,14 @@ class NodeClaims:
 
     def take(self, key: Any, cache_dir: str) -> int | object | None:
         """The held lock's file descriptor (release() it once compiled), BUSY, or None (no lock here: compile)."""
-        try:
-            folder = os.path.join(cache_dir, self.DIR)
-            os.makedirs(folder, exist_ok=True)
-            fd = os.open(os.path.join(folder, hashlib.sha256(repr(key).encode()).hexdigest()[:32] + ".lock"),
-                         os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
+        fd = node_lock.open_lock(os.path.join(cache_dir, self.DIR), hashlib.sha256(repr(key).encode()).hexdigest()[:32])
+        if fd is None:
             return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
+        taken = node_lock.take(fd, wait=False)
+        if taken is False:
             os.close(fd)
             return self.BUSY
-        except OSError:
-            os.close(fd)
-            return None
+        return fd if taken else None
 
     def wait(self, key: Any, cache_dir: str, limit_s: float, stop: threading.Event | None = None) -> None:
         """Until no process holds `key`'s lock (or `limit_s` passed, this process exits, or `stop` is set)."""
@@ -264,10 +257,7 @@ class NodeClaims:
             self.release(held)
 
     def release(self, fd: int) -> None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+        node_lock.release(fd)
 
 
 NODE_CLAIMS = NodeClaims()
@@ -334,6 +324,7 @@ class Batch:
     phases: dict[str, float] = field(default_factory=dict)
     first_s: float | None = None  # from the start to the first config ready (what an execution waits for)
     spans: dict[int, tuple[float, float]] = field(default_factory=dict)  # perf_counter: a config's place, its end
+    shared_ptxas: list[int] = field(default_factory=list)  # by a worker that took another's cubin (shared_ptxas.py)
 
     def add(self, phase: str, seconds: float) -> None:
         self.phases[phase] = self.phases.get(phase, 0.0) + seconds
@@ -585,6 +576,11 @@ class _BatchCompile:
                 return described, halted
             described = self._describe(i)
             taken = NODE_CLAIMS.take(held.binary, cache_dir) if described.spec is not None else None
+        elif isinstance(taken, int) and self._describe(i, ship=False).cached:
+            # Another rank compiled it and let go between this config's description and the lock: compiled again
+            # here, the node would compile it twice.
+            NODE_CLAIMS.release(taken)
+            return Described(None, True), None
         held.node_lock = taken if isinstance(taken, int) else None
         return described, None
 
@@ -618,6 +614,8 @@ class _BatchCompile:
                 if outcome.failure is not None:
                     return outcome.failure
                 out.places[i] = WORKER
+                if outcome.shared_ptxas:
+                    out.shared_ptxas.append(i)
                 return None
             if pool.ready() == 0 or not pool.live():
                 if not pool.live():
@@ -1008,7 +1006,7 @@ class Precompiling:
                         ran_meanwhile=sorted(set(self.ran_meanwhile)), places=places, compile_s=compile_s,
                         undescribed={**mine.undescribed, **more.undescribed}, stolen=list(self.stolen),
                         started=self.started, ended=max(mine.ended, more.ended if rest else 0.0), phases=phases,
-                        spans=mine.spans)
+                        spans=mine.spans, shared_ptxas=sorted(i for i in mine.shared_ptxas if places.get(i) == WORKER))
 
 
 def _share(comm: Collectives, batch: Batch, n: int, what: str) -> tuple[dict[int, str], dict[int, str]]:

@@ -378,7 +378,8 @@ class Executor:
         meanwhile = f" (the execution ran config {done.ran_meanwhile} meanwhile)" if done.ran_meanwhile else ""
         counts = done.counts()
         record = {"counts": counts, "compile_s": sum(done.compile_s.values()), "started": done.started,
-                  "ended": done.ended, "pool": int(done.workers.get("ready", 0)) if done.workers else 0}
+                  "ended": done.ended, "pool": int(done.workers.get("ready", 0)) if done.workers else 0,
+                  "shared_ptxas": done.shared_ptxas}
         self.stats.compiles.append(record)
         key = compile_totals([record], None)  # this key's line: the call's compile line, of one key
         compile_s, wall_s, parallelism = key["compile_s"], key["wall_s"], key["parallelism"]
@@ -401,7 +402,7 @@ class Executor:
                        undescribed={str(i): r for i, r in sorted(done.undescribed.items())}, stolen=done.stolen,
                        phases={k: round(v, 4) for k, v in done.phases.items()},
                        spans={str(i): [round(a - done.started, 3), round(b - done.started, 3)]
-                              for i, (a, b) in sorted(done.spans.items())},
+                              for i, (a, b) in sorted(done.spans.items())}, shared_ptxas=done.shared_ptxas,
                        met_s=None if self.stats.first_launch_at is None else done.started - self.stats.first_launch_at)
 
     def finish_compiles(self, void: bool, everywhere: list[KeyState] | None = None, defers: bool = False) -> None:

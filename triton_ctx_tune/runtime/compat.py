@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import dataclasses
 import hashlib
 import importlib
 import inspect
@@ -1039,6 +1040,46 @@ def use_compile_only_driver(target: Any) -> None:
 
     driver.set_active(_CompileOnlyDriver(target))
     make_backend(target)  # imports the backend's compiler now, before the first job
+
+
+def route_ptxas(route: Callable[[str, Callable[[], bytes]], bytes]) -> Callable[[], None]:
+    """Send Triton's ptxas step (the NVIDIA backend's make_cubin, the same signature in 3.4 to 3.9) through
+    `route(key, run)`: `key` names everything the cubin depends on, `run()` runs ptxas. Returns the undo; a no-op
+    without the NVIDIA backend."""
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: PLC0415
+    except ImportError:
+        return lambda: None
+    original = CUDABackend.make_cubin
+
+    def make_cubin(self: Any, src: str, metadata: dict[str, Any], opt: Any, capability: int) -> bytes:
+        return route(_ptxas_key(self, src, opt, capability), lambda: original(self, src, metadata, opt, capability))
+
+    CUDABackend.make_cubin = make_cubin
+
+    def undo() -> None:
+        CUDABackend.make_cubin = original
+
+    return undo
+
+
+def _ptxas_key(backend: Any, src: str, opt: Any, capability: int) -> str:
+    """What ptxas makes of `src`: the PTX, the target, ptxas itself (the backend's hash: its version and arch), and
+    every option but num_stages, which acts before the PTX (it is in the PTX when it matters), with Triton's version
+    and the environment that steers it (line info, ptxas options)."""
+    try:
+        options = repr(dataclasses.replace(opt, num_stages=0))
+    except (TypeError, ValueError):  # not a dataclass with num_stages: every option
+        options = repr(opt)
+    backend_hash = backend.hash() if callable(getattr(backend, "hash", None)) else ""
+    env = sorted((k, v) for k, v in os.environ.items()
+                 if (k.startswith("TRITON_") and not k.startswith("TRITON_CTX_TUNE_") and k != "TRITON_CACHE_DIR")
+                 or k in ("DISABLE_PTXAS_OPT", "PTXAS_OPTIONS"))
+    digest = hashlib.sha256()
+    for part in (triton.__version__, backend_hash, str(capability), options, repr(env), src):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:40]
 
 
 def _sync_environment(spec: LaunchSpec) -> None:

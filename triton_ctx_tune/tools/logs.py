@@ -55,11 +55,11 @@ EVENTS: dict[str, EventSpec] = dict([
     # waits; finish_*_s are the step's end.
     _spec("precompile", "a key's configs compiled in the background", "kernel", "key", "mine", "seconds", "failures",
           "rejected", "skipped", "by_workers", "workers", "ran_meanwhile", "places", "counts", "compile_s", "wall_s",
-          "parallelism", "undescribed", "stolen", "phases", "met_s", "spans"),
+          "parallelism", "undescribed", "stolen", "phases", "met_s", "spans", "shared_ptxas"),
     _spec("compile", "a call's compiles over all its keys: configs per place, the sum of their compile times, the "
           "wall time and their ratio; first_slot_s: from the first launch of a key tuned to the first timed slot",
           "function", "keys", "configs", "workers", "here", "ranks", "cache", "pool", "compile_s", "wall_s",
-          "parallelism", "first_slot_s"),
+          "parallelism", "first_slot_s", "shared_ptxas"),
     _spec("precompile-disagreed", "a config precompile rejected whose launch compiled and ran: precompile built "
           "another signature than the launch", "kernel", "key", "config_index", "config", "precompile_reason"),
     _spec("quarantine", "a key skips configs that killed an earlier process", "kernel", "key", "configs"),
@@ -131,7 +131,7 @@ def compile_totals(compiles: list[dict[str, Any]], first_slot_s: float | None) -
     workers = max((c["pool"] for c in compiles), default=0)
     return {"keys": len(compiles), "configs": sum(counts.values()), **counts, "pool": workers,
             "compile_s": compile_s, "wall_s": wall_s, "parallelism": compile_s / wall_s if wall_s > 0 else None,
-            "first_slot_s": first_slot_s}
+            "first_slot_s": first_slot_s, "shared_ptxas": sum(len(c.get("shared_ptxas", ())) for c in compiles)}
 
 
 def fmt_parallelism(parallelism: float | None) -> str:
@@ -142,8 +142,16 @@ def compile_line(t: dict[str, Any]) -> str:
     par = fmt_parallelism(t["parallelism"])
     first = "" if t["first_slot_s"] is None else f"; first timed slot {t['first_slot_s']:.1f} s after the first launch"
     ranks = f"{t['ranks']} by other local ranks, " if t.get("ranks") else ""
-    return (f"compile: {t['configs']} configs, {t['workers']} in {t['pool']} workers, {t['here']} in-process, "
-            f"{ranks}{t['cache']} from disk cache, parallelism {par}, {t['wall_s']:.1f} s{first}")
+    return (f"compile: {t['configs']} configs, {t['workers']} in {t['pool']} workers{shared_ptxas_text(t)}, "
+            f"{t['here']} in-process, {ranks}{t['cache']} from disk cache, parallelism {par}, "
+            f"{t['wall_s']:.1f} s{first}")
+
+
+def shared_ptxas_text(e: dict[str, Any]) -> str:
+    """" (2 with another config's ptxas)" (compile/shared_ptxas.py), or "" when none was (or the log predates it)."""
+    n = e.get("shared_ptxas") or 0
+    n = n if isinstance(n, int) else len(n)
+    return f" ({n} with another config's ptxas)" if n else ""
 
 
 def fmt_ms(ms: float | None) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CtxTuneError, MissingDependencyError
-from .logs import EVENTS, ahead_table, compile_line, fmt_parallelism
+from .logs import EVENTS, ahead_table, compile_line, fmt_parallelism, shared_ptxas_text
 
 _RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")
 
@@ -751,7 +751,8 @@ def precompile_text(e: dict[str, Any]) -> str:
     n = e["counts"]
     par = fmt_parallelism(e.get("parallelism"))
     ranks = f"{n['ranks']} by other local ranks, " if n.get("ranks") else ""
-    text = (f"{sum(n.values())} configs: {n['workers']} by workers, {n['here']} in-process, {ranks}{n['cache']} "
+    text = (f"{sum(n.values())} configs: {n['workers']} by workers{shared_ptxas_text(e)}, {n['here']} in-process, "
+            f"{ranks}{n['cache']} "
             f"from Triton's cache; {e['compile_s']:.2f} s of compiles in {e['wall_s']:.2f} s (parallelism {par})")
     if e.get("undescribed"):
         text += f"; {len(e['undescribed'])} no worker could take: " + next(iter(e["undescribed"].values()))
