@@ -445,16 +445,21 @@ def test_a_keys_threads_run_ptxas_for_the_backends_hash_once(tmp_path):
 
 
 def test_configs_that_make_one_ptx_run_ptxas_once_on_the_node_and_each_keeps_its_own_entry(tmp_path):
-    """Three configs that differ only in num_stages, on a kernel with no loop, compile to one PTX: four workers
-    compiling four configs at once ran ptxas on it once, and the other two took its cubin (compile/shared_ptxas.py).
-    The fourth config (4 warps) is another PTX and ran its own."""
+    """Configs that differ only in num_stages, on a kernel with no loop, compile to one PTX: five workers compiling
+    five configs at once ran ptxas on it once, and the other three of its configs took its cubin
+    (compile/shared_ptxas.py). The config on 4 warps is another PTX and ran its own."""
     row = _run(("shared_ptxas",), str(tmp_path / "triton-cache"))["shared_ptxas"]
-    assert row["failures"] == 0 and row["by_workers"] == [0, 1, 2, 3]
-    assert len(row["shared_ptxas"]) == 2 and set(row["shared_ptxas"]) < {0, 1, 2}
+    assert row["failures"] == 0 and row["by_workers"] == [0, 1, 2, 3, 4]
+    assert len(row["shared_ptxas"]) == 3 and set(row["shared_ptxas"]) < {0, 1, 2, 4}
     bins = row["binaries"]
-    assert sorted(bins) == ["2w1s", "2w2s", "2w3s", "4w1s"]  # each config's own entry, with its num_stages
-    assert bins["2w1s"] == bins["2w2s"] == bins["2w3s"] != bins["4w1s"]
+    assert sorted(bins) == ["2w1s", "2w2s", "2w3s", "2w4s", "4w1s"]  # each config's own entry, its num_stages
+    assert bins["2w1s"] == bins["2w2s"] == bins["2w3s"] == bins["2w4s"] != bins["4w1s"]
     assert len(row["memo"]) == 2  # one cubin per PTX left for the node
+    # Configs 1 and 2 launch what config 0 launches: timed as config 0, not failed (precompile.same_binaries).
+    # Config 4 has config 0's binary but a pre_hook of its own: its launch differs, and it is timed.
+    assert row["same_binary"] == {str(i): "the same binary as config 0: they differ only in num_stages, which changes "
+                                          "nothing this kernel compiles to, so config 0's time is its time"
+                                  for i in (1, 2)}
 
 
 def test_decorating_imports_the_code_generator_that_the_first_description_would():

@@ -70,6 +70,42 @@ def test_cuda_events_time_real_kernels_and_flush_l2(tmp_path):
     autotuner(_copy).cache.clear()
 
 
+@triton.autotune(configs=[triton.Config({"BLOCK": 1024}, num_warps=4, num_stages=s) for s in (1, 2, 3)]
+                 + [triton.Config({"BLOCK": 256}, num_warps=2, num_stages=s) for s in (1, 2)], key=["n"])
+@triton.jit
+def _twice(src, dst, n, BLOCK: tl.constexpr):  # no loop: num_stages changes nothing it compiles to
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(dst + offs, tl.load(src + offs, mask=mask) * 2, mask=mask)
+
+
+def test_configs_that_compile_to_one_binary_are_timed_once(tmp_path):
+    """Five configs, two binaries: configs 1 and 2 are config 0's binary, config 4 is config 3's. From the step end
+    that gathers the key's compiles on, only 0 and 3 get slots (a launch before it runs what is ready); the others
+    are out of the timing as the same binary, not failed, and never win (precompile.same_binaries)."""
+    n = 1 << 22
+
+    @contextual_autotune(n_warmup=2, n_repeat=5, early_stop=False)
+    def op(x: torch.Tensor) -> torch.Tensor:
+        y = torch.empty_like(x)
+        _twice[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, y, n)
+        return y
+
+    x = torch.randn(n, device="cuda")
+    torch.testing.assert_close(op(x), x * 2)
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    gathered = next(k for k, e in enumerate(events) if e["event"] == "precompile")
+    assert sorted(events[gathered]["same_binary"]) == ["1", "2", "4"], events[gathered]
+    (decision,) = [e for e in events if e["event"] == "decision"]
+    assert {int(j): r.split(":")[0] for j, r in decision["local_failures"].items()} == {
+        1: "the same binary as config 0", 2: "the same binary as config 0", 4: "the same binary as config 3"}
+    later = {e["config_index"] for e in events[gathered:] if e["event"] == "slot" and e["timed"]}
+    assert later == {0, 3}
+    assert decision["winner"] in (0, 3)
+    assert chosen(_twice) == {(n, "torch.float32", "torch.float32"): 1024 if decision["winner"] == 0 else 256}
+    autotuner(_twice).cache.clear()
+
+
 @triton.autotune(configs=[triton.Config({"BLOCK": 128}), triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 64})],
                  key=["n"])
 @triton.jit

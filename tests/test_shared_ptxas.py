@@ -30,7 +30,7 @@ def _runner(out: bytes, calls: list[str], name: str, delay_s: float = 0.0, fail:
 def test_the_second_process_to_reach_a_ptx_waits_for_the_first_and_takes_its_cubin(tmp_path):
     calls: list[str] = []
     got: dict[str, bytes] = {}
-    S.taken_since_last()
+    S.since_last()
     first = threading.Thread(target=lambda: got.update(a=S.build("k1", str(tmp_path), _runner(b"CUBIN", calls, "a",
                                                                                                delay_s=0.5))))
     first.start()
@@ -38,12 +38,14 @@ def test_the_second_process_to_reach_a_ptx_waits_for_the_first_and_takes_its_cub
     got["b"] = S.build("k1", str(tmp_path), _runner(b"OTHER", calls, "b"))
     first.join()
     assert calls == ["a"] and got == {"a": b"CUBIN", "b": b"CUBIN"}
-    assert S.taken_since_last() == 1 and S.taken_since_last() == 0
+    taken, waited_s = S.since_last()
+    assert taken == 1 and 0.2 < waited_s < 5  # "b" waited about 0.4 s for "a"'s run
+    assert S.since_last() == (0, 0.0)
     assert (tmp_path / "k1.out").read_bytes() == b"CUBIN"
     # A later compile of the same PTX finds it without a lock; another key runs its own.
     assert S.build("k1", str(tmp_path), _runner(b"X", calls, "c")) == b"CUBIN"
     assert S.build("k2", str(tmp_path), _runner(b"K2", calls, "d")) == b"K2"
-    assert calls == ["a", "d"] and S.taken_since_last() == 1
+    assert calls == ["a", "d"] and S.since_last()[0] == 1
 
 
 def test_a_failed_run_leaves_nothing_and_the_waiter_runs_its_own(tmp_path):
@@ -62,7 +64,7 @@ def test_a_failed_run_leaves_nothing_and_the_waiter_runs_its_own(tmp_path):
     first.join()
     assert errors == ["ptxas failed in a"]  # the holder's own config fails with its own error
     assert calls == ["a", "b"] and got == b"MINE"
-    assert S.taken_since_last() == 0
+    assert S.since_last()[0] == 0
 
 
 def test_a_holder_killed_mid_run_drops_its_lock_and_the_waiter_runs_ptxas_itself(tmp_path):

@@ -78,6 +78,21 @@ def test_screening_then_interleaved_measurement_of_survivors():
     assert s.exhausted
 
 
+def test_configs_the_ranks_agree_to_leave_out_lose_their_slots_not_yet_run():
+    """At the step end that gathers a key's compiles, its agreed failures and same-binary configs leave the plan (they
+    would only be skipped), where every rank holds the same plan; a split screening's shares keep theirs."""
+    s = KeyState(autotuner=None, key=(1,), configs=[triton.Config({"BLOCK": b}) for b in (16, 32, 64, 128)],  # type: ignore[arg-type]
+                 n_warmup=1, n_repeat=3, kernel="k", early_stop=1.5)
+    assert [s.take_slot() for _ in range(3)] == [Slot(0, 0, False), Slot(0, 1, True), Slot(1, 0, False)]
+    s.unplan([1, 3])
+    assert [s.take_slot() for _ in range(3)] == [Slot(2, 0, False), Slot(2, 1, True), None]  # 1's warm-up had run
+    split = KeyState(autotuner=None, key=(1,), configs=[triton.Config({"BLOCK": b}) for b in (16, 32, 64, 128)],  # type: ignore[arg-type]
+                     n_warmup=1, n_repeat=3, kernel="k", early_stop=1.5, share=(0, 2))
+    before = list(split.plan)
+    split.unplan([2])
+    assert split.split and split.plan == before
+
+
 def test_an_anchor_counts_its_screening_sample_as_its_first_survivor_sample():
     """Incremental re-tuning (store/incremental.py): #1 is an anchor, #2 carried, #0 and #3 new."""
     s = KeyState(autotuner=None, key=(1,), configs=[triton.Config({"BLOCK": b}) for b in (16, 32, 64, 128)],  # type: ignore[arg-type]

@@ -57,9 +57,15 @@ def many_configs_add_one_(x_ptr, n, BLOCK: tl.constexpr):  # 48 configs: longer 
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 5, mask=offs < n)
 
 
-# Four configs, three of them the same PTX: the kernel has no loop, so num_stages changes nothing it compiles to.
+def _noop_hook(nargs: dict[str, Any]) -> None:
+    return None
+
+
+# Five configs, four of them one PTX: the kernel has no loop, so num_stages changes nothing it compiles to. The
+# fifth has a pre_hook: its binary is the first's, its launch is not.
 @triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=2, num_stages=st) for st in (1, 2, 3)]
-                 + [triton.Config({"BLOCK": 64}, num_warps=4, num_stages=1)], key=["n"])
+                 + [triton.Config({"BLOCK": 64}, num_warps=4, num_stages=1),
+                    triton.Config({"BLOCK": 64}, num_warps=2, num_stages=4, pre_hook=_noop_hook)], key=["n"])
 @triton.jit
 def stages_blind_add_one_(x_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -325,22 +331,23 @@ def ptxas_once() -> dict[str, Any]:
 
 
 def shared_ptxas() -> dict[str, Any]:
-    """Four workers compile four configs at once, three of which make the same PTX: ptxas runs on it once, and the
-    other two configs take its cubin (compile/shared_ptxas.py). Every config's binary is in Triton's cache under its
-    own key, with its own num_stages in its metadata."""
-    start_compile_workers(4)
-    pool = get_pool(4)
+    """Five workers compile five configs at once, four of which make the same PTX: ptxas runs on it once, and the
+    other three configs take its cubin (compile/shared_ptxas.py). Every config's binary is in Triton's cache under its
+    own key, with its own num_stages in its metadata; the two are left out of the timing as the first's binary."""
+    start_compile_workers(5)
+    pool = get_pool(5)
     assert pool.wait_ready(240), "workers did not start"
     at, n = stages_blind_add_one_, 64
     args, kwargs = (torch.zeros(n), n), {"grid": (1,), "warmup": False}
     done = P.precompile(key_state(at, args, kwargs), args, kwargs, Collectives(False), threads=4, timeout_s=120.0,
-                        workers=4)
+                        workers=5)
     binaries = {}
     for meta in CACHE.glob("*/stages_blind_add_one_.json"):
         m = json.loads(meta.read_text())
         cubin = meta.with_suffix(".cubin").read_bytes()
         binaries[f"{m['num_warps']}w{m['num_stages']}s"] = hashlib.sha256(cubin).hexdigest()
     return {"pids": pool.pids(), "by_workers": done.by_workers, "shared_ptxas": done.shared_ptxas,
+            "same_binary": {str(i): r for i, r in done.same_binary.items()},
             "failures": len(done.failures) + len(done.rejected), "binaries": binaries,
             "memo": sorted(p.name for p in (CACHE / "ctx_tune_ptxas").glob("*.out"))}
 

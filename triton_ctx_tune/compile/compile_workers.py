@@ -88,7 +88,7 @@ class Outcome:
     """What a worker made of one config: compiled (failure None), or a failure of that config."""
     failure: str | None
     pid: int
-    seconds: float = 0.0  # the compile's own time, in the worker
+    seconds: float = 0.0  # the compile's own time, in the worker (not its wait for another's ptxas run)
     shared_ptxas: bool = False  # its cubin came from another config's ptxas run on the same PTX (shared_ptxas.py)
 
 
@@ -651,7 +651,8 @@ def _worker(fd: int) -> None:
             except Exception as e:  # noqa: BLE001 (whatever failed, the worker reports it and takes the next)
                 reason = config_failure_reason(e)
                 reply = ("failure", reason) if reason is not None else ("error", f"{type(e).__name__}: {e}")
-            conn.send((*reply, time.perf_counter() - began, shared_ptxas.taken_since_last()))
+            shared, waited_s = shared_ptxas.since_last()
+            conn.send((*reply, time.perf_counter() - began - waited_s, shared))
     except (EOFError, OSError, KeyboardInterrupt):
         pass  # the pool closed it, or the rank died
     finally:

@@ -60,11 +60,14 @@ import torch
 from ..engine.state import KeyState
 from ..runtime.collectives import Collectives
 from ..runtime.compat import (
+    SAME_BINARY,
     Described,
     LaunchSpec,
     SignatureUnknown,
     await_launcher,
+    binary_digest,
     compile_only,
+    config_but_stages,
     config_failure_reason,
     describe_compile,
     interpret_mode,
@@ -154,6 +157,8 @@ class Compiled:
     phases: dict[str, float] = field(default_factory=dict)
     spans: dict[int, tuple[float, float]] = field(default_factory=dict)  # this rank's share: Batch.spans
     shared_ptxas: list[int] = field(default_factory=list)  # its share's configs whose cubin another's ptxas made
+    # Configs whose launch is another's (same_binaries), on some rank: excluded like failures, timed as that one.
+    same_binary: dict[int, str] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         return {p: sum(1 for v in self.places.values() if v == p) for p in PLACES}
@@ -990,8 +995,10 @@ class Precompiling:
             phases["launcher_wait_s"] = self.launcher_wait_s
         # A config can fail here alone (a timeout on this rank, a binary this GPU cannot load):
         # share that too, so every rank treats the same configs alike from the first slot on.
+        more.failures.update(same_binaries(state.configs, {**mine.kernels, **more.kernels}))
         more_failures, more_rejected = _share(comm, more, n, "share load results")
-        failures.update(more_failures)
+        same = {i: r for i, r in more_failures.items() if r.startswith(SAME_BINARY)}  # timed as another: not failed
+        failures.update({i: r for i, r in more_failures.items() if i not in same})
         rejected.update({i: r for i, r in more_rejected.items() if i not in failures})
         places = {i: p for i, p in {**mine.places, **more.places}.items()
                   if i not in failures and i not in rejected and i not in mine.rejected}
@@ -1001,12 +1008,32 @@ class Precompiling:
         compile_s = {**more.compile_s, **mine.compile_s}
         by_workers = sorted(i for i in self.mine if places.get(i) == WORKER)
         return Compiled(sorted(self.mine), time.perf_counter() - self.started, failures=failures, rejected=rejected,
+                        same_binary={i: r for i, r in same.items() if i not in failures},
                         skipped={**mine.skipped, **more.skipped}, by_workers=by_workers,
                         workers={} if pool is None else pool.status(),
                         ran_meanwhile=sorted(set(self.ran_meanwhile)), places=places, compile_s=compile_s,
                         undescribed={**mine.undescribed, **more.undescribed}, stolen=list(self.stolen),
                         started=self.started, ended=max(mine.ended, more.ended if rest else 0.0), phases=phases,
                         spans=mine.spans, shared_ptxas=sorted(i for i in mine.shared_ptxas if places.get(i) == WORKER))
+
+
+def same_binaries(configs: list[Any], kernels: dict[int, Any]) -> dict[int, str]:
+    """Configs whose launch would be another's: the same binary and metadata (compat.binary_digest) and the same
+    config but for num_stages, which then changed nothing the kernel compiles to (a kernel with no loop to
+    pipeline). All but the first of each group, with the reason that leaves them out of the timing: timing them
+    times the first again, and their near-ties cost confirmation rounds (FLA's chunk_bwd_kernel_dqkwg: 6 configs,
+    2 binaries). Their times stay infinite and the first's decides; every rank leaves out what any rank found."""
+    first: dict[tuple[str, str], int] = {}
+    same: dict[int, str] = {}
+    for i in sorted(kernels):
+        digest = binary_digest(kernels[i])
+        if digest is None:
+            continue
+        k = first.setdefault((digest, config_but_stages(configs[i])), i)
+        if k != i:
+            same[i] = (f"{SAME_BINARY}{k}: they differ only in num_stages, which changes nothing this kernel compiles "
+                       f"to, so config {k}'s time is its time")
+    return same
 
 
 def _share(comm: Collectives, batch: Batch, n: int, what: str) -> tuple[dict[int, str], dict[int, str]]:

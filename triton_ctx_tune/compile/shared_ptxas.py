@@ -25,7 +25,8 @@ from . import node_lock
 DIR = "ctx_tune_ptxas"
 KEEP_S = 3600.0  # what is left here serves the compiles running now; older files go (checked once per process)
 
-_state = {"taken": 0}  # cubins this process took from another's ptxas, since the last taken_since_last()
+# Since the last since_last(): cubins this process took from another's ptxas, and the seconds it waited for them.
+_state: dict[str, float] = {"taken": 0, "waited_s": 0.0}
 _pruned: set[str] = set()
 
 
@@ -41,8 +42,10 @@ def build(key: str, folder: str, run: Callable[[], bytes]) -> bytes:
     if (data := _read(done)) is not None:
         return _taken(data)
     fd = node_lock.open_lock(folder, key)
+    began = time.perf_counter()
     if fd is None or not node_lock.take(fd, wait=True):  # no lock here (take closed fd): as Triton does
         return run()
+    _state["waited_s"] += time.perf_counter() - began
     try:
         if (data := _read(done)) is not None:  # its holder finished while this process waited
             return _taken(data)
@@ -54,10 +57,12 @@ def build(key: str, folder: str, run: Callable[[], bytes]) -> bytes:
         _prune(folder)
 
 
-def taken_since_last() -> int:
-    """How many cubins this process took from another's ptxas since the last call (a worker's count per job)."""
-    n, _state["taken"] = _state["taken"], 0
-    return n
+def since_last() -> tuple[int, float]:
+    """Cubins this process took from another's ptxas since the last call, and the seconds it waited for another's
+    run (a worker's per job: waiting is no compile work, so its compile time leaves it out)."""
+    n, waited = int(_state["taken"]), _state["waited_s"]
+    _state["taken"], _state["waited_s"] = 0, 0.0
+    return n, waited
 
 
 def _taken(data: bytes) -> bytes:

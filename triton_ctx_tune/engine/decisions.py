@@ -18,7 +18,7 @@ import torch
 
 from ..errors import NoValidConfigError, NoValidPointError
 from ..runtime.compat import config_str, notify_listener
-from ..tools.logs import fmt_ms
+from ..tools.logs import fmt_ms, same_binary
 from .budget import PARENT_BAND, BudgetSearch, share_wave
 from .search import AnyTunable, PointTunable
 from .state import (
@@ -504,7 +504,8 @@ class Decisions:
         at.bench_time = s.tuning_s
         notify_listener(at, s.key, best, at.configs_timings, s.tuning_s)
         ms = float(reduced[winner, 0])
-        failed = sum(1 for t in reduced[:, 0].tolist() if not math.isfinite(t))
+        same = sum(1 for r in s.failures.values() if same_binary(r))  # timed as another config, not failed
+        failed = sum(1 for t in reduced[:, 0].tolist() if not math.isfinite(t)) - same
         svc.stats.tuned.append(TunedKey(s.kernel, s.key, config_str(best), ms, len(s.configs), failed, s.point))
         over = f"{svc.opts.reduce} over {svc.comm.world} ranks" if svc.comm.world > 1 else "1 rank"
         tie = "" if choice is None or how is None else (
@@ -527,8 +528,9 @@ class Decisions:
                       tie_break=how, confirmed=s.confirmed, confirm_rounds=s.confirmed_rounds or None,
                       raced_out=sorted(s.raced_out), split=s.split,
                       readmitted=s.readmitted, unexplored=_unexplored(s))
+        alike = f"{same} the same binary as another, " if same else ""
         svc.log.summary(f"{svc.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
-                        f"({len(s.configs)} configs, {failed} failed, {len(s.dropped)} screened out, {over}, "
+                        f"({len(s.configs)} configs, {failed} failed, {alike}{len(s.dropped)} screened out, {over}, "
                         f"{s.tuning_s:.2f} s)")
         incremental = self._log_incremental(s) if s.incremental is not None else {}
         lookup = svc.misses.pop(id(s), None)

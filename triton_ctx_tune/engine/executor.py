@@ -370,8 +370,9 @@ class Executor:
     def _precompiled(self, state: KeyState, done: precompile.Compiled) -> None:
         state.precompiled = True
         state.compiling = None
-        for i, reason in sorted(done.failures.items()):
-            state.fail(i, reason)
+        for i, reason in sorted({**done.failures, **done.same_binary}.items()):
+            state.fail(i, reason)  # (a config the same binary as another is timed as that one: out of the slots)
+        state.unplan([*done.failures, *done.same_binary])  # agreed at this step's end (precompile._share)
         state.rejected.update(done.rejected)
         if state.budget is not None:
             state.budget.note_compiles(done.compile_s)  # what its next rung's compiles will cost
@@ -386,9 +387,12 @@ class Executor:
         par = fmt_parallelism(parallelism)
         rejected = (f", {len(done.rejected)} rejected (their launch compiles them again)" if done.rejected else "")
         skipped = f", {len(done.skipped)} left to their launch" if done.skipped else ""
+        same = (f", {len(done.same_binary)} the same binary as another config (timed as that one)"
+                if done.same_binary else "")
         self.services.log.write("precompile", f"precompile kernel={state.kernel} key={state.key!r} compiled "
                        f"{len(done.mine)}/{len(state.configs)} configs here in {done.seconds:.3f} s, "
-                       f"{len(done.failures)} failed{rejected}{skipped}{meanwhile}; {counts['workers']} by workers, "
+                       f"{len(done.failures)} failed{rejected}{skipped}{same}{meanwhile}; "
+                       f"{counts['workers']} by workers, "
                        f"{counts['here']} in-process, {counts['ranks']} by other ranks, {counts['cache']} from cache, "
                        f"{compile_s:.1f} s of compiles in "
                        f"{wall_s:.1f} s (parallelism {par})", kernel=state.kernel,
@@ -403,6 +407,7 @@ class Executor:
                        phases={k: round(v, 4) for k, v in done.phases.items()},
                        spans={str(i): [round(a - done.started, 3), round(b - done.started, 3)]
                               for i, (a, b) in sorted(done.spans.items())}, shared_ptxas=done.shared_ptxas,
+                       same_binary={str(i): r for i, r in sorted(done.same_binary.items())},
                        met_s=None if self.stats.first_launch_at is None else done.started - self.stats.first_launch_at)
 
     def finish_compiles(self, void: bool, everywhere: list[KeyState] | None = None, defers: bool = False) -> None:

@@ -308,6 +308,14 @@ class Tunable:
         self.failures.setdefault(config, reason)
         self.works.discard(config)
 
+    def unplan(self, configs: Iterable[int]) -> None:
+        """Take the slots of `configs` that have not run out of the plan (they would only be skipped), when every rank
+        holds the same plan (not a split screening, whose shares differ) and the ranks agreed on `configs`: each
+        rank drops the same slots and they stay in lockstep."""
+        gone = set(configs)
+        if gone and not self.split:
+            self.plan = self.plan[:self.next_slot] + [s for s in self.plan[self.next_slot:] if s.config not in gone]
+
     def fallback(self, untried: bool = False) -> int | None:
         """A config already known to work on this rank, to keep the function running; with `untried`,
         when none is, the first config that has not failed."""

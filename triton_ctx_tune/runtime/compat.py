@@ -1042,6 +1042,30 @@ def use_compile_only_driver(target: Any) -> None:
     make_backend(target)  # imports the backend's compiler now, before the first job
 
 
+SAME_BINARY = "the same binary as config "  # how precompile.same_binaries' reasons start (not a failure)
+
+
+def binary_digest(kernel: Any) -> str | None:
+    """What a compiled kernel's launch runs: a digest of its binary (cubin, hsaco) and of its metadata but the cache
+    key's hash and num_stages, which the launch does not read. None without a binary (the interpreter)."""
+    asm = getattr(kernel, "asm", None) or {}
+    binary = asm.get("cubin") or asm.get("hsaco")
+    if not isinstance(binary, (bytes, bytearray)):
+        return None
+    meta: Any = getattr(kernel, "metadata", None)  # a namedtuple in 3.4 to 3.9
+    fields = meta._asdict() if hasattr(meta, "_asdict") else dict(vars(meta)) if meta is not None else {}
+    launch = sorted((k, repr(v)) for k, v in fields.items() if k not in ("hash", "num_stages"))
+    return hashlib.sha256(bytes(binary) + repr(launch).encode()).hexdigest()
+
+
+def config_but_stages(config: Config) -> str:
+    """Everything of a config but num_stages (its meta-parameters, warps, hooks: whatever else it sets), to compare
+    two configs whose binaries are the same."""
+    return repr(sorted((k, repr(sorted(v.items())) if isinstance(v, dict) else
+                        f"{getattr(v, '__qualname__', type(v).__name__)}@{id(v)}" if callable(v) else repr(v))
+                       for k, v in vars(config).items() if k != "num_stages"))
+
+
 def route_ptxas(route: Callable[[str, Callable[[], bytes]], bytes]) -> Callable[[], None]:
     """Send Triton's ptxas step (the NVIDIA backend's make_cubin, the same signature in 3.4 to 3.9) through
     `route(key, run)`: `key` names everything the cubin depends on, `run()` runs ptxas. Returns the undo; a no-op

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .. import __version__
-from ..runtime.compat import TRITON_VERSION, print_autotuning
+from ..runtime.compat import SAME_BINARY, TRITON_VERSION, print_autotuning
 
 DEFAULT_LOG_DIR = "./.autotune_logs"
 _calls = itertools.count(1)
@@ -55,7 +55,7 @@ EVENTS: dict[str, EventSpec] = dict([
     # waits; finish_*_s are the step's end.
     _spec("precompile", "a key's configs compiled in the background", "kernel", "key", "mine", "seconds", "failures",
           "rejected", "skipped", "by_workers", "workers", "ran_meanwhile", "places", "counts", "compile_s", "wall_s",
-          "parallelism", "undescribed", "stolen", "phases", "met_s", "spans", "shared_ptxas"),
+          "parallelism", "undescribed", "stolen", "phases", "met_s", "spans", "shared_ptxas", "same_binary"),
     _spec("compile", "a call's compiles over all its keys: configs per place, the sum of their compile times, the "
           "wall time and their ratio; first_slot_s: from the first launch of a key tuned to the first timed slot",
           "function", "keys", "configs", "workers", "here", "ranks", "cache", "pool", "compile_s", "wall_s",
@@ -132,6 +132,12 @@ def compile_totals(compiles: list[dict[str, Any]], first_slot_s: float | None) -
     return {"keys": len(compiles), "configs": sum(counts.values()), **counts, "pool": workers,
             "compile_s": compile_s, "wall_s": wall_s, "parallelism": compile_s / wall_s if wall_s > 0 else None,
             "first_slot_s": first_slot_s, "shared_ptxas": sum(len(c.get("shared_ptxas", ())) for c in compiles)}
+
+
+def same_binary(reason: str) -> bool:
+    """A config left out of a key's timing that did not fail: it is another config's binary and was timed as that
+    one (precompile.same_binaries)."""
+    return reason.startswith(SAME_BINARY)
 
 
 def fmt_parallelism(parallelism: float | None) -> str:

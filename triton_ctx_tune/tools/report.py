@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CtxTuneError, MissingDependencyError
-from .logs import EVENTS, ahead_table, compile_line, fmt_parallelism, shared_ptxas_text
+from .logs import EVENTS, ahead_table, compile_line, fmt_parallelism, same_binary, shared_ptxas_text
 
 _RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")
 
@@ -605,6 +605,8 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
         for j in sorted(r.failures):
             for who, reason in r.failures[j].items():
                 label = "failures  " if first else "          "
+                if same_binary(reason):  # left out of the timing, not failed
+                    label = "same bin. "
                 lines.append(f"  {label} #{j} {{{r.configs[j] if j < len(r.configs) else '?'}}}: {who}: {reason}")
                 first = False
     else:
