@@ -144,3 +144,51 @@ def test_the_key_follows_the_environment_that_changes_ptxas_output(monkeypatch, 
     after = _ptxas_key(backend, "ptx", opts, 90)
     monkeypatch.setenv("TRITON_CTX_TUNE_QUIET", "1")
     assert _ptxas_key(backend, "ptx", opts, 90) == after
+
+
+def test_report_lists_same_binary_configs_apart_from_failures():
+    """A config left out of the timing as another config's binary is not a failure: `report` words it under its own
+    heading, after the real failures, and says "failures none" when there are no others."""
+    from triton_ctx_tune.tools.report import KeyReport, format_key
+
+    same = "the same binary as config 0: they differ only in num_stages"
+    r = KeyReport("k", "(1,)", None, "tuned", configs=["BLOCK: 64, stages 1", "BLOCK: 64, stages 2", "BLOCK: 128"],
+                  winner=0, ms=[0.5, None, None], q20=[0.5, None, None], q80=[0.5, None, None],
+                  per_rank=[[0.5, None, None]],
+                  failures={1: {"rank 0": same}, 2: {"ranks 0": "OutOfResources: shared"}})
+    lines = [line for line in format_key(r) if line.lstrip().startswith(("failures", "same bin.", "#1 {", "#2 {"))]
+    assert lines == ["  failures   #2 {BLOCK: 128}: ranks 0: OutOfResources: shared",
+                     f"  same bin.  #1 {{BLOCK: 64, stages 2}}: rank 0: {same}"]
+    r.failures = {1: {"rank 0": same}}
+    assert "  failures   none" in format_key(r)
+
+
+def test_only_configs_alike_but_for_num_stages_with_one_binary_are_timed_as_one():
+    """precompile.same_binaries on compiled kernels' binaries and metadata (the fields Triton's CompiledKernel
+    has): the first config of each group stands for the rest; another meta-parameter, a pre_hook, other metadata
+    or another binary keeps a config in; a kernel without a binary (the interpreter) is never grouped."""
+    from collections import namedtuple
+
+    import triton
+
+    from triton_ctx_tune.compile.precompile import same_binaries
+
+    Meta = namedtuple("Meta", ["hash", "num_stages", "num_warps", "shared"])
+
+    class Compiled:
+        def __init__(self, cubin: bytes | None, stages: int, shared: int = 0) -> None:
+            self.asm = {} if cubin is None else {"cubin": cubin}
+            self.metadata = Meta(f"h{stages}{shared}", stages, 4, shared)
+
+    def hook(nargs: dict) -> None:
+        return None
+    configs = [triton.Config({"B": 64}, num_stages=s) for s in (2, 3, 4)] + [
+        triton.Config({"B": 128}, num_stages=2), triton.Config({"B": 64}, num_stages=5, pre_hook=hook),
+        triton.Config({"B": 64}, num_stages=6), triton.Config({"B": 64}, num_stages=7),
+        triton.Config({"B": 64}, num_stages=8)]
+    kernels = {0: Compiled(b"A", 2), 1: Compiled(b"A", 3), 2: Compiled(b"A", 4), 3: Compiled(b"A", 2),
+               4: Compiled(b"A", 5), 5: Compiled(b"A", 6, shared=1024), 6: Compiled(b"B", 7), 7: Compiled(None, 8)}
+    same = same_binaries(configs, kernels)
+    assert sorted(same) == [1, 2] and all(r.startswith("the same binary as config 0: ") for r in same.values())
+    # Config 0 left out (it failed somewhere): the next of its group stands for the others.
+    assert sorted(same_binaries(configs, {i: k for i, k in kernels.items() if i != 0})) == [2]

@@ -995,7 +995,11 @@ class Precompiling:
             phases["launcher_wait_s"] = self.launcher_wait_s
         # A config can fail here alone (a timeout on this rank, a binary this GPU cannot load):
         # share that too, so every rank treats the same configs alike from the first slot on.
-        more.failures.update(same_binaries(state.configs, {**mine.kernels, **more.kernels}))
+        # Only configs that stand so far may stand for others: one failed on any rank (a compile timeout there)
+        # must not take a working binary out with it.
+        out = {**failures, **rejected, **mine.rejected, **more.failures, **more.rejected}
+        more.failures.update(same_binaries(state.configs, {i: k for i, k in {**mine.kernels, **more.kernels}.items()
+                                                           if i not in out}))
         more_failures, more_rejected = _share(comm, more, n, "share load results")
         same = {i: r for i, r in more_failures.items() if r.startswith(SAME_BINARY)}  # timed as another: not failed
         failures.update({i: r for i, r in more_failures.items() if i not in same})

@@ -600,17 +600,15 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
         lines.append(f"  per rank   winner: {per}; spread {spread:.4f} ms ({100 * spread / max(finite):.1f}%)")
     elif finite:
         lines.append(f"  per rank   winner: rank 0 {finite[0]:.4f} ms (one rank)")
-    if r.failures:
-        first = True
-        for j in sorted(r.failures):
-            for who, reason in r.failures[j].items():
-                label = "failures  " if first else "          "
-                if same_binary(reason):  # left out of the timing, not failed
-                    label = "same bin. "
-                lines.append(f"  {label} #{j} {{{r.configs[j] if j < len(r.configs) else '?'}}}: {who}: {reason}")
-                first = False
-    else:
+    entries = [(j, who, reason) for j in sorted(r.failures) for who, reason in r.failures[j].items()]
+    failed = [e for e in entries if not same_binary(e[2])]
+    if not failed:
         lines.append("  failures   none")
+    # Then the configs left out of the timing as another config's binary: not failures.
+    for heading, group in (("failures  ", failed), ("same bin. ", [e for e in entries if same_binary(e[2])])):
+        for n, (j, who, reason) in enumerate(group):
+            label = heading if n == 0 else " " * len(heading)
+            lines.append(f"  {label} #{j} {{{r.configs[j] if j < len(r.configs) else '?'}}}: {who}: {reason}")
     original = (f"{r.executions} executions, {r.tuning_s or 0.0:.2f} s" if r.executions is not None
                 else "unknown")
     if r.source == "tuned":
