@@ -75,6 +75,7 @@ from ..runtime.compat import (
     prime_backend_hash,
     prime_compiler_hash,
     prime_interpreter,
+    same_binary,
 )
 from . import node_lock
 from .compile_workers import Excluding, WorkerPool, get_pool
@@ -997,11 +998,11 @@ class Precompiling:
         # share that too, so every rank treats the same configs alike from the first slot on.
         # Only configs that stand so far may stand for others: one failed on any rank (a compile timeout there)
         # must not take a working binary out with it.
-        out = {**failures, **rejected, **mine.rejected, **more.failures, **more.rejected}
+        fallen = {**failures, **rejected, **mine.rejected, **more.failures, **more.rejected}
         more.failures.update(same_binaries(state.configs, {i: k for i, k in {**mine.kernels, **more.kernels}.items()
-                                                           if i not in out}))
+                                                           if i not in fallen}))
         more_failures, more_rejected = _share(comm, more, n, "share load results")
-        same = {i: r for i, r in more_failures.items() if r.startswith(SAME_BINARY)}  # timed as another: not failed
+        same = {i: r for i, r in more_failures.items() if same_binary(r)}  # timed as another: not failed
         failures.update({i: r for i, r in more_failures.items() if i not in same})
         rejected.update({i: r for i, r in more_rejected.items() if i not in failures})
         places = {i: p for i, p in {**mine.places, **more.places}.items()
@@ -1012,7 +1013,7 @@ class Precompiling:
         compile_s = {**more.compile_s, **mine.compile_s}
         by_workers = sorted(i for i in self.mine if places.get(i) == WORKER)
         return Compiled(sorted(self.mine), time.perf_counter() - self.started, failures=failures, rejected=rejected,
-                        same_binary={i: r for i, r in same.items() if i not in failures},
+                        same_binary=same,
                         skipped={**mine.skipped, **more.skipped}, by_workers=by_workers,
                         workers={} if pool is None else pool.status(),
                         ran_meanwhile=sorted(set(self.ran_meanwhile)), places=places, compile_s=compile_s,

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import NoValidConfigError, NoValidPointError
-from ..runtime.compat import config_str, notify_listener
-from ..tools.logs import fmt_ms, same_binary
+from ..runtime.compat import config_str, notify_listener, same_binary
+from ..tools.logs import fmt_ms
 from .budget import PARENT_BAND, BudgetSearch, share_wave
 from .search import AnyTunable, PointTunable
 from .state import (

@@ -1045,6 +1045,12 @@ def use_compile_only_driver(target: Any) -> None:
 SAME_BINARY = "the same binary as config "  # how precompile.same_binaries' reasons start (not a failure)
 
 
+def same_binary(reason: str) -> bool:
+    """A config left out of a key's timing that did not fail: it is another config's binary and was timed as that
+    one (precompile.same_binaries)."""
+    return reason.startswith(SAME_BINARY)
+
+
 def binary_digest(kernel: Any) -> str | None:
     """What a compiled kernel's launch runs: a digest of its binary (cubin, hsaco) and of its metadata but the cache
     key's hash and num_stages, which the launch does not read. None without a binary (the interpreter)."""
@@ -1096,9 +1102,10 @@ def _ptxas_key(backend: Any, src: str, opt: Any, capability: int) -> str:
     except (TypeError, ValueError):  # not a dataclass with num_stages: every option
         options = repr(opt)
     backend_hash = backend.hash() if callable(getattr(backend, "hash", None)) else ""
-    env = sorted((k, v) for k, v in os.environ.items()
-                 if (k.startswith("TRITON_") and not k.startswith("TRITON_CTX_TUNE_") and k != "TRITON_CACHE_DIR")
-                 or k in ("DISABLE_PTXAS_OPT", "PTXAS_OPTIONS"))
+    # What steers a compile (_compile_env), but this package's own variables and the cache dir; and PTXAS_OPTIONS,
+    # read at the options' parse, no cache-invalidating variable.
+    env = sorted((k, v) for k, v in {**_compile_env(), "PTXAS_OPTIONS": os.environ.get("PTXAS_OPTIONS", "")}.items()
+                 if not k.startswith("TRITON_CTX_TUNE_") and k != "TRITON_CACHE_DIR")
     digest = hashlib.sha256()
     for part in (triton.__version__, backend_hash, str(capability), options, repr(env), src):
         digest.update(part.encode())

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from .. import __version__
-from ..runtime.compat import SAME_BINARY, TRITON_VERSION, print_autotuning
+from ..runtime.compat import TRITON_VERSION, print_autotuning
+from ..runtime.compat import same_binary as same_binary  # for report.py, which reads runtime through this module
 
 DEFAULT_LOG_DIR = "./.autotune_logs"
 _calls = itertools.count(1)
@@ -132,12 +133,6 @@ def compile_totals(compiles: list[dict[str, Any]], first_slot_s: float | None) -
     return {"keys": len(compiles), "configs": sum(counts.values()), **counts, "pool": workers,
             "compile_s": compile_s, "wall_s": wall_s, "parallelism": compile_s / wall_s if wall_s > 0 else None,
             "first_slot_s": first_slot_s, "shared_ptxas": sum(len(c.get("shared_ptxas", ())) for c in compiles)}
-
-
-def same_binary(reason: str) -> bool:
-    """A config left out of a key's timing that did not fail: it is another config's binary and was timed as that
-    one (precompile.same_binaries)."""
-    return reason.startswith(SAME_BINARY)
 
 
 def fmt_parallelism(parallelism: float | None) -> str:
