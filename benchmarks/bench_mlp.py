@@ -11,7 +11,8 @@ example's large config space) -> in-place GELU (autotuned) -> GEMM (same kernel,
   consistency  chosen configs on every rank, first-call and steady-state output vs a float32 torch reference
   scaling      warm tuning wall time and executions at this world size (merge_results.py compares sizes)
   dispatch     host time per launch of a tiny autotuned kernel on its cache hit: ours vs direct vs vanilla
-  quality      regret of the chosen configs vs an exhaustive do_bench; whole-op latency vs the exhaustive winners
+  quality      regret of the chosen configs vs an exhaustive do_bench and vs every config timed inside the op;
+               whole-op latency vs the exhaustive winners
   all          every table in one process (tuning first: it needs the empty Triton cache)
 Rank 0 writes <out>/<table>[-single]-<world>ranks-<gpu>.json after each table and prints a summary at the end.
 """
@@ -47,6 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-repeat", type=int, default=5, help="contextual_autotune n_repeat (default 5)")
     p.add_argument("--n-warmup", type=int, default=3, help="contextual_autotune n_warmup (default 3)")
     p.add_argument("--no-vanilla", action="store_true", help="skip the plain triton.autotune baseline")
+    p.add_argument("--flush-l2", default="step", choices=("step", "true", "false"),
+                   help="contextual_autotune flush_l2 of ours: step (the default: once per re-execution), true "
+                        "(before each timed launch, the default before section 43), false")
     p.add_argument("--objective", default="auto", choices=("auto", "per_launch", "end_to_end"),
                    help="contextual_autotune objective of ours (default auto)")
     p.add_argument("--rep-ms", type=int, help="quality: do_bench rep (ms) per config (default 200)")
@@ -62,6 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "compile the op's first configs, so a preheated call's wall time is not a cold one "
                         "(default 0)")
     p.add_argument("--op-iters", type=int, help="timed op calls per round (default 30; --small 2)")
+    p.add_argument("--in-op-rounds", type=int,
+                   help="quality: interleaved rounds of the in-op oracle, every config timed inside the op "
+                        "(default 30; --small 2)")
+    p.add_argument("--in-op-iters", type=int, help="quality: op calls per in-op sample (default 10; --small 2)")
     p.add_argument("--dispatch-rounds", type=int, help="dispatch: rounds (default 40; --small 3)")
     p.add_argument("--dispatch-launches", type=int, help="dispatch: launches per round (default 1000; --small 5)")
     p.add_argument("--dispatch-n", type=int, default=1024, help="dispatch: elements of the add kernel (default 1024)")
@@ -69,7 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     small = args.small
     defaults = {"M": (4096, 32), "H": (4096, 64), "I": (14336, 96), "rep_ms": (200, 1), "rounds": (10, 2),
-                "retime_rounds": (5, 2), "op_iters": (30, 2), "dispatch_rounds": (40, 3),
+                "retime_rounds": (5, 2), "op_iters": (30, 2), "in_op_rounds": (30, 2), "in_op_iters": (10, 2),
+                "dispatch_rounds": (40, 3),
                 "dispatch_launches": (1000, 5), "scaling_repeats": (3, 2)}
     for name, (big, tiny) in defaults.items():
         if getattr(args, name) is None:

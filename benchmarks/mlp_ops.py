@@ -123,17 +123,27 @@ class Op:
         self.roles = ROLES[variant]
         self._scratch: dict[str, torch.Tensor] | None = None
 
-    def __call__(self, fixed: dict[str, Config] | None = None) -> torch.Tensor:
+    def __call__(self, fixed: dict[str, Config] | None = None,
+                 probe: Callable[[str, bool], None] | None = None) -> torch.Tensor:
+        """probe(role, before), when given, is called just before and just after each role's launch (the in-op
+        oracle records its events there)."""
         f = fixed or {}
+        mark = probe or (lambda role, before: None)
         x = self.x
         h = torch.empty(x.shape[0], self.w1s.shape[1], dtype=x.dtype, device=x.device)
+        mark("gemm1", True)
         matmul(self.ks, x, self.w1s, h, f.get("gemm1"))
+        mark("gemm1", False)
+        mark("gelu", True)
         gelu_(self.ks, h, f.get("gelu"))
+        mark("gelu", False)
         if self.variant == "single":
             dist.all_reduce(h)
             return h
         y = torch.empty(x.shape[0], self.w2s.shape[1], dtype=x.dtype, device=x.device)
+        mark("gemm2", True)
         matmul(self.ks, h, self.w2s, y, f.get("gemm2"))
+        mark("gemm2", False)
         dist.all_reduce(y)
         return y
 

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+import benchlib
 from benchlib import Ranks, geomean, host_do_bench, interpreting, iqr, kernel_ms, median, op_ms, rel_fro, timed
 from mlp_ops import KernelSet, Op, config_index, config_text, make_inputs, named_default, reference, tolerance
 from triton_ctx_tune import contextual_autotune
@@ -116,6 +117,8 @@ class Bench:
         self.ours_op = Op(variant, self.ours_ks, x, w1s, w2s)
         self.ours = contextual_autotune(is_dist=True, n_repeat=args.n_repeat, n_warmup=args.n_warmup,
                                         objective=getattr(args, "objective", "auto"), log_dir=log_dir,
+                                        flush_l2={"true": True, "false": False}.get(getattr(args, "flush_l2", "step"),
+                                                                                    "step"),
                                         quiet=True)(_named(self.ours_op, f"bench_{variant}"))
         # Under the interpreter Triton's own do_bench cannot run: a host-clock stand-in keeps the path exercised.
         self.van_ks = KernelSet.fresh("vanilla", do_bench=host_do_bench if interpreting() else None)
@@ -461,6 +464,76 @@ def paired_ratio(e: dict[str, Any], pick: int) -> float | None:
     return max(median([a / b for a, b in zip(mine, v["ms_per_round"])]) for v in retimed.values())
 
 
+# The do_bench oracle times each kernel alone. In the op, the picks it disagreed with cost nothing: the op with the
+# oracle's 4-stage GEMMs was 0.4 to 1.6% slower than with the tuner's 3-stage ones (RESULTS section 37, op_ab.py).
+# So the quality table also times every config where the op runs it, which is what a contextual tuner optimizes.
+def in_op_oracle(op: Op, ranks: Ranks, base: dict[str, Any], candidates: dict[str, list[int]], rounds: int,
+                 iters: int) -> dict[str, Any]:
+    """Every candidate config of each role timed inside the op: the op called whole (the other roles at `base`,
+    L2 flushed before each call as op_ms does), the role's launch between two CUDA events (the host clock under the
+    interpreter). A sample is the median over `iters` calls; rounds are interleaved, rotated, the slowest rank's
+    sample per round; a config's time is the median over rounds."""
+    out: dict[str, Any] = {}
+    for role in op.roles:
+        at = op.ks.for_role(role)
+        idx = candidates[role]
+        per_round: dict[int, list[float]] = {i: [] for i in idx}
+        for r in range(rounds):
+            for i in idx[r % len(idx):] + idx[:r % len(idx)]:
+                fixed = {**base, role: at.configs[i]}
+                per_round[i].append(max(ranks.gather(_role_in_op_ms(op, ranks, role, fixed, iters))))
+        times = {i: median(ts) for i, ts in per_round.items()}
+        best = min(times, key=lambda i: (times[i], i))
+        out[role] = {"ms": {str(i): times[i] for i in idx}, "ms_per_round": {str(i): per_round[i] for i in idx},
+                     "best": best, "best_ms": times[best]}
+    return out
+
+
+def _role_in_op_ms(op: Op, ranks: Ranks, role: str, fixed: dict[str, Any], iters: int) -> float:
+    """Median ms of one role's launch over `iters` whole-op calls (the same number on every rank: the op holds
+    collectives)."""
+    op(fixed=fixed)  # warm-up: this config's first launch in the op
+    ranks.barrier()
+    spans: list[Any] = []
+
+    def probe(at_role: str, before: bool) -> None:
+        if at_role != role:
+            return
+        if ranks.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            spans.append(e)
+        else:
+            spans.append(time.perf_counter())
+
+    for _ in range(iters):
+        if ranks.cuda:
+            benchlib.flush_l2()
+        op(fixed=fixed, probe=probe)
+    if ranks.cuda:
+        torch.cuda.synchronize()
+        ms = [a.elapsed_time(b) for a, b in zip(spans[::2], spans[1::2])]
+    else:
+        ms = [(b - a) * 1e3 for a, b in zip(spans[::2], spans[1::2])]
+    return median(ms)
+
+
+def in_op_regret(oracle: dict[str, Any], picks: dict[str, int]) -> dict[str, Any]:
+    """Per role: the pick's in-op time over the fastest candidate's (`ratio`), and the same compared within each
+    round, the largest median over rounds of pick / other (`paired`; at least 1, the pick is a candidate)."""
+    ratio, paired = {}, {}
+    for role, e in oracle.items():
+        pick = str(picks[role])
+        ratio[role] = e["ms"][pick] / e["best_ms"]
+        mine = e["ms_per_round"][pick]
+        paired[role] = max(median([a / b for a, b in zip(mine, other)]) for other in e["ms_per_round"].values())
+    return {"ratio": ratio, "paired": paired,
+            "regret_pct": {k: 100 * (v - 1) for k, v in ratio.items()},
+            "paired_regret_pct": {k: 100 * (v - 1) for k, v in paired.items()},
+            "geomean_regret_pct": 100 * (geomean(list(ratio.values())) - 1),
+            "paired_geomean_regret_pct": 100 * (geomean(list(paired.values())) - 1)}
+
+
 def table_quality(b: Bench) -> TableResult:
     b.ensure_ours()
     while len(b.ours_runs) < getattr(b.args, "quality_calls", 1):  # more calls' picks, each decided afresh
@@ -520,6 +593,25 @@ def table_quality(b: Bench) -> TableResult:
     for role in op.roles:
         s[f"regret_pct_paired_{role}"] = 100 * (paired[0][role] - 1) if role in paired[0] else None
     details: dict[str, Any] = {"exhaustive": exhaustive, "ours_regret": ours_regret, "paired_ratio": paired}
+
+    # The same picks against every config timed where the op runs it (in_op_oracle), the other roles at the first
+    # call's picks; the configs that could not run in the do_bench pass are left out.
+    base = {role: op.ks.for_role(role).configs[b.ours_runs[0]["index"][role]] for role in op.roles}
+    candidates = {role: [i for i, t in enumerate(exhaustive[role]["ms_max_over_ranks"]) if t != float("inf")]
+                  for role in op.roles}
+    ranks.log(f"[{b.variant}] quality: in-op oracle, {args.in_op_rounds} interleaved rounds x "
+              f"{sum(map(len, candidates.values()))} configs ({args.in_op_iters} op calls each)")
+    oracle = in_op_oracle(op, ranks, base, candidates, args.in_op_rounds, args.in_op_iters)
+    in_op = [{"picks": run["index"], **in_op_regret(oracle, run["index"])} for run in b.ours_runs]
+    details["in_op_oracle"] = oracle
+    details["in_op_regret"] = in_op
+    s["in_op_regret_geomean_pct_worst_call"] = max(r["geomean_regret_pct"] for r in in_op)
+    s["in_op_regret_max_pct_worst_call"] = max(max(r["regret_pct"].values()) for r in in_op)
+    s["in_op_regret_geomean_pct_paired_worst_call"] = max(r["paired_geomean_regret_pct"] for r in in_op)
+    s["in_op_regret_max_pct_paired_worst_call"] = max(max(r["paired_regret_pct"].values()) for r in in_op)
+    for role in op.roles:
+        s[f"in_op_regret_pct_{role}"] = in_op[0]["regret_pct"][role]
+        s[f"in_op_best_{role}"] = oracle[role]["best"]
     van_regret = None
     if b.vanilla_enabled and b.van_runs:
         # Vanilla picks per rank, scored against that rank's own exhaustive timings.
@@ -571,6 +663,17 @@ def table_quality(b: Bench) -> TableResult:
                       s["regret_geomean_pct_paired_worst_call"] <= 0.5),
                Target(f"regret of the worst key, paired per round, worst of {len(ours_regret)} tuning calls",
                       s["regret_max_pct_paired_worst_call"], "<= 1%", s["regret_max_pct_paired_worst_call"] <= 1.0),
+               Target(f"in-op regret geomean, worst of {len(in_op)} tuning calls",
+                      s["in_op_regret_geomean_pct_worst_call"], "<= 0.5%",
+                      s["in_op_regret_geomean_pct_worst_call"] <= 0.5),
+               Target(f"in-op regret of the worst key, worst of {len(in_op)} tuning calls",
+                      s["in_op_regret_max_pct_worst_call"], "<= 1%", s["in_op_regret_max_pct_worst_call"] <= 1.0),
+               Target(f"in-op regret geomean, paired per round, worst of {len(in_op)} tuning calls",
+                      s["in_op_regret_geomean_pct_paired_worst_call"], "<= 0.5%",
+                      s["in_op_regret_geomean_pct_paired_worst_call"] <= 0.5),
+               Target(f"in-op regret of the worst key, paired per round, worst of {len(in_op)} tuning calls",
+                      s["in_op_regret_max_pct_paired_worst_call"], "<= 1%",
+                      s["in_op_regret_max_pct_paired_worst_call"] <= 1.0),
                Target("op latency chosen / exhaustive winners (median of rounds)", s["op_ratio_chosen"], "~1.0 (info)",
                       None)]
     notes.append(f"exhaustive: triton.testing.do_bench(rep={args.rep_ms} ms) per config on fixed arguments (GELU on "
@@ -580,7 +683,10 @@ def table_quality(b: Bench) -> TableResult:
                  "regret = chosen/best - 1 per (kernel, key) (*_paired: the median over rounds of chosen/other "
                  "within each round, the largest over the re-timed configs), "
                  "geomean over keys; op ratios: median over rounds of (variant / exhaustive), each round a "
-                 f"{args.op_iters}-call median (L2 flushed before each call)")
+                 f"{args.op_iters}-call median (L2 flushed before each call); in-op: every config that ran in the "
+                 "do_bench pass timed inside the whole op (the other roles at the first call's picks, CUDA events "
+                 f"around the role's launch, L2 flushed before each op call), {args.in_op_iters}-call medians in "
+                 f"{args.in_op_rounds} interleaved rounds, the slowest rank per round, the median over rounds")
     if interpreting():
         notes.append(INTERPRETER_NOTE)
     return TableResult("quality", b.variant, s, targets, details, notes)
