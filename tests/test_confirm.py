@@ -334,3 +334,48 @@ def test_per_launch_keeps_its_meaning_and_judges_each_launch_alone():
     (confirm,) = _events("confirm")  # still confirmed, per launch
     assert confirm["end_to_end"] is False and _events("decision")[-1]["end_to_end"] is False
     assert confirm["rounds"] == 20 and call.executions == 2 * SLOTS + 2 * 20 + 1
+
+
+def test_a_key_re_times_its_candidates_once_the_key_launched_before_it_stops_changing_config():
+    """The MLP op on 2 H200s: GELU's candidates were re-timed while its GEMM (launched before it, in the same
+    executions) still timed configs up to 30% apart, each candidate after its own few of them; GELU's best in the
+    op lost (RESULTS section 43). Here a consumer whose faster config depends on which producer config ran just
+    before it: after the producer's winner, BLOCK 32 is 2% faster; after any other, BLOCK 16 is."""
+    last: dict[str, int] = {}
+
+    def producer_config(block: int, cost: float) -> triton.Config:
+        def hook(nargs: dict[str, Any]) -> None:
+            last["producer"] = block
+            spend(cost * BIG)
+        return triton.Config({"BLOCK": block}, num_warps=4, pre_hook=hook)
+
+    def consumer_config(block: int) -> triton.Config:
+        def cost(nargs: dict[str, Any]) -> float:
+            after_winner = last.get("producer") == 32
+            return BIG * (1.0 if (block == 32) == after_winner else 1.02)
+        return triton.Config({"BLOCK": block}, num_warps=4, pre_hook=costly(cost))
+
+    producer = _kernel([producer_config(16, 1.3), producer_config(32, 1.0), producer_config(64, 1.3),
+                        producer_config(128, 1.3)])
+    consumer = _kernel([consumer_config(16), consumer_config(32)])
+    executions = 0
+
+    @contextual_autotune(**FAST)
+    def op(x):
+        nonlocal executions
+        executions += 1
+        y = x.clone()
+        producer[grid(N)](y, N)
+        consumer[grid(N)](y, N)
+        return y
+
+    x = torch.zeros(N, device=DEVICE)
+    torch.testing.assert_close(op(x), torch.full_like(x, 2.0))
+    assert chosen(producer) == {(N, "torch.float32"): 32}
+    assert chosen(consumer) == {(N, "torch.float32"): 32}  # config order and the other contexts favour 16
+    (confirm,) = [e for e in _events("confirm") if e["candidates"] == [0, 1]]
+    assert confirm["waits_for"] == [f"kernel=add_one_ key=({N}, 'torch.float32')"]  # the producer
+    # The producer's 4 x 4 slots, then the consumer's 2 candidates x 3 rounds, then the final run.
+    assert executions == 4 * SLOTS + 2 * 3 + 1
+    decisions = {e["winner"]: e for e in _events("decision") if e.get("confirmed")}
+    assert decisions[1]["confirmed"] == [0, 1] and decisions[1]["confirm_rounds"] == 3

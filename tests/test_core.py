@@ -728,9 +728,9 @@ def test_a_timed_launch_waits_twice_the_hosts_recent_launch_time_on_the_gpu(monk
     asked: list[float] = []
     real_start = timing.HostTimer.start
 
-    def start(self: timing.HostTimer, flush: bool, head_start_s: float = 0.0) -> float:
+    def start(self: timing.HostTimer, span: str, head_start_s: float = 0.0) -> float:
         asked.append(head_start_s)
-        return real_start(self, flush, head_start_s)
+        return real_start(self, span, head_start_s)
 
     monkeypatch.setattr(timing.HostTimer, "start", start)
     hook_s = 4e-4

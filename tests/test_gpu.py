@@ -70,6 +70,40 @@ def test_cuda_events_time_real_kernels_and_flush_l2(tmp_path):
     autotuner(_copy).cache.clear()
 
 
+@pytest.mark.parametrize("mode", ["step", True, False])
+def test_flush_l2_clears_l2_before_each_timed_launch_or_once_per_re_execution(tmp_path, monkeypatch, mode):
+    n = 1 << 20
+    flushes: list[int] = []
+    real = timing._flush_l2
+
+    def counted() -> None:
+        flushes.append(1)
+        real()
+
+    monkeypatch.setattr(timing, "_flush_l2", counted)
+    executions = 0
+
+    @contextual_autotune(n_warmup=1, n_repeat=2, early_stop=False, confirm=False, cache=False, flush_l2=mode)
+    def op(x: torch.Tensor) -> torch.Tensor:
+        nonlocal executions
+        executions += 1
+        y = torch.empty_like(x)
+        _copy[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, y, n)
+        return y
+
+    x = torch.randn(n, device="cuda")
+    torch.testing.assert_close(op(x), x)
+    events = [json.loads(line) for line in (tmp_path / "logs" / "rank-0.jsonl").read_text().splitlines()]
+    assert events[0]["flush_l2"] == mode
+    timed = [e for e in events if e["event"] == "slot" and e["timed"]]
+    assert len(timed) == 4  # 2 configs x 2 timed slots
+    # True: before each timed launch. "step": each re-execution once (not the first execution, which met the key,
+    # nor the final run).
+    assert len(flushes) == {"step": executions - 2, True: 4, False: 0}[mode], (executions, len(flushes))
+    assert executions >= 6
+    autotuner(_copy).cache.clear()
+
+
 @triton.autotune(configs=[triton.Config({"BLOCK": 1024}, num_warps=4, num_stages=s) for s in (1, 2, 3)]
                  + [triton.Config({"BLOCK": 256}, num_warps=2, num_stages=s) for s in (1, 2)], key=["n"])
 @triton.jit
@@ -181,7 +215,7 @@ def test_a_head_start_keeps_the_hosts_launch_latency_out_of_an_end_to_end_sample
 
     def sample(head_start_s: float) -> float:
         torch.cuda.synchronize()
-        token = timer.start(flush=False, head_start_s=head_start_s)
+        token = timer.start("step", head_start_s=head_start_s)
         x.add_(1)
         time.sleep(0.003)  # the host preparing the next launch
         x.add_(1)

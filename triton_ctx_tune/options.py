@@ -224,7 +224,10 @@ class TuneOptions:
     group: Any = None
     reduce: str = "max"
     stat: str = "median"
-    flush_l2: bool = True
+    # True: L2 flushed before every timed launch, as Triton's _bench does (each kernel as if alone). "step": once as
+    # each re-execution starts, so a kernel meets the cache its producers in the function leave it (a GELU reads
+    # its GEMM's output from L2, as in the program). False: never.
+    flush_l2: bool | str = True
     log_dir: str | os.PathLike[str] | None | bool = None  # None: env or ./.autotune_logs; False: no logs
     quiet: bool | None = None  # None: TRITON_CTX_TUNE_QUIET
     timeout_s: float | None = None  # None: TRITON_CTX_TUNE_TIMEOUT or 300
@@ -391,6 +394,9 @@ class TuneOptions:
             raise InvalidOptionError("objective", self.objective, " or ".join(map(repr, OBJECTIVES)))
         if not isinstance(self.is_dist, bool):
             raise InvalidOptionError("is_dist", self.is_dist, "True or False")
+        if not (isinstance(self.flush_l2, bool) or self.flush_l2 == "step"):
+            raise InvalidOptionError("flush_l2", self.flush_l2, 'True (before every timed launch, the default), '
+                                     '"step" (once per re-execution) or False')
         if self.reduce not in REDUCTIONS:
             raise InvalidOptionError("reduce", self.reduce, " or ".join(map(repr, REDUCTIONS)))
         if self.stat not in STATISTICS:

@@ -150,6 +150,7 @@ class ContextualAutotuner(Generic[R]):
         session = self._online
         if session is not None:
             session.begin_step(midway=True)
+            session.before_execution()
             call.attach(session)
         resolver.enter(call)
         try:

@@ -194,6 +194,7 @@ class Decisions:
                 choice = self._choice(s, reduced[i], None)
                 how = TIE_BY_CODE.get(int(keep[i, kept[0]]))
                 self._commit(s, kept[0], times, per_rank[:, i, : len(s.configs), 0], choice, how)
+        self.release_confirmations()
 
     def _forced_pick(self, s: Tunable, reduced: torch.Tensor, per_rank: torch.Tensor) -> tuple[int, bool] | None:
         """Rank 0, once the call's budget is spent: (the winner, True), the fastest config (point) with a time on
@@ -408,15 +409,46 @@ class Decisions:
             rounds = CONFIRM_ROUNDS
         else:
             rounds = base if svc.opts.online else confirm_rounds(spread, base)
-        s.confirm(kept, rounds, end_to_end)
         best = min(float(times[j, 0]) for j in kept)
         margins = {j: float(times[j, 0]) / best - 1 for j in kept}
+        waits = [] if end_to_end or svc.opts.online else self._varying_before(s)
+        if waits:
+            assert isinstance(s, KeyState)
+            s.confirm_after(kept, rounds, min(kept, key=lambda j: (float(times[j, 0]), j)), waits)
+        else:
+            s.confirm(kept, rounds, end_to_end)
         how = "end to end (it overlapped another stream's work)" if end_to_end else "per launch"
+        after = f", once {', '.join(_subject(u) for u in waits)} no longer change config" if waits else ""
         svc.log.write("confirm", f"confirm {_subject(s)}: {len(kept)} close candidates {kept} "
                       f"(within {max(margins.values()):.1%} of the fastest) re-timed interleaved, {how}, {rounds} "
-                      f"more slots each", **_subject_fields(s), candidates=kept, rounds=rounds,
+                      f"more slots each{after}", **_subject_fields(s), candidates=kept, rounds=rounds,
                       reduced=[float(times[j, 0]) for j in kept], margins=[margins[j] for j in kept],
-                      end_to_end=end_to_end)
+                      end_to_end=end_to_end, waits_for=[_subject(u) for u in waits])
+
+    def _varying_before(self, s: Tunable) -> list[KeyState]:
+        """The keys met before `s` (in every rank's order) whose config still changes from step to step: screening,
+        timing survivors, or a budget's rungs. Re-timed among them, `s`'s candidates would each run after other
+        configs of theirs: on the MLP op, GELU's candidates ran after GEMM configs up to 30% apart, each candidate
+        after its own few of them, and the in-op oracle's best GELU (4% faster in the op) lost on config order
+        (RESULTS.md section 43). A key still compiling runs one ready config (not a change), and one confirming
+        runs candidates close to each other: neither is waited for. Not within a function space (points confirm
+        end to end)."""
+        if not isinstance(s, KeyState) or s.point is not None:
+            return []
+        before: list[KeyState] = []
+        for u in self.services.search.kernels.values():
+            if u is s:
+                break
+            if u.point == s.point and _varies(u):
+                before.append(u)
+        return before
+
+    def release_confirmations(self) -> None:
+        """The step's end, after its decisions (agreed on every rank): confirmations whose keys before them settled
+        are planned now."""
+        for s in self.services.search.kernels.values():
+            if s.confirm_waits is not None and not any(_varies(u) for u in s.confirm_waits):
+                s.release_confirmation()
 
     @staticmethod
     def _times(s: Tunable, reduced: torch.Tensor) -> list[float]:
@@ -587,6 +619,12 @@ class Decisions:
         if isinstance(s, KeyState):
             raise NoValidConfigError(s.kernel, s.key, failures)
         raise NoValidPointError(svc.function, failures)
+
+
+def _varies(s: KeyState) -> bool:
+    """Whether a key's launches may run another config in the next step than in this one."""
+    return (s.winner is None and not s.settled and s.confirmed is None and s.compiling is None
+            and not s.end_to_end)
 
 
 def _lockstep_best(s: Tunable, reduced: torch.Tensor, also_dropped: Iterable[int] = ()) -> float:

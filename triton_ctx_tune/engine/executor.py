@@ -468,7 +468,7 @@ class Executor:
             token = None
             if slot.timed and graph is None:
                 record.lead_s = self._lead.take(time.perf_counter())
-                token = timer.start(flush=True, head_start_s=record.lead_s)
+                token = timer.start("launch", head_start_s=record.lead_s)
             config = state.configs[slot.config]
             steady = slot.config in state.works  # a config's first launch here loads its binary: not a lead's measure
 

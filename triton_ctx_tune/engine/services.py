@@ -104,7 +104,7 @@ class CallServices:
         if not self.logged_header:
             self.logged_header = True
             device = torch.cuda.get_device_name() if self.timer.kind != "host" else "cpu"
-            self.log.header(self.function, self.comm.world, device, self.timer.kind)
+            self.log.header(self.function, self.comm.world, device, self.timer.kind, self.opts.flush_l2)
 
     def _log_compiles(self, stats: CallRecord) -> None:
         totals = compile_totals(stats.compiles, stats.first_slot_s)

@@ -186,6 +186,12 @@ class Session:
         self.executor.begin(assignment, final=self.search.finished and not midway)
         return assignment
 
+    def before_execution(self) -> None:
+        """The function is about to run a step whose launches are timed one by one (not the final run):
+        flush_l2="step" clears L2 here, once, and each launch then meets what the launches before it leave."""
+        if not self.executor.final:
+            self.services.timer.begin_step()
+
     def run_step(self, execute: Callable[[dict[str, Any]], Any]) -> tuple[bool, Any]:
         """Run one more step: (whether it was the final run, its result).
 
@@ -201,6 +207,8 @@ class Session:
             # The function's own collectives would charge one rank's late start to the others' time.
             self.comm.barrier("line the ranks up before an end-to-end step")
         pts = self.search.points
+        if a.measured is None:  # launches timed one by one (a step timed whole starts its own span)
+            self.before_execution()
         installed = self.executor.install_step_configs(a) if timed else []
         self.executor.lean = bool(installed)
         samples: list[Callable[[], float]] = []
@@ -219,7 +227,7 @@ class Session:
                     # the GPU idle wherever the host was the slower: all-gather + GEMM on an H200, 0.6 ms of
                     # GPU work per execution and about as much host work while tuning; issue 35.)
                     lead = head_start(self._host_s, runs, self._gpu_floor_s) if run == 0 else 0.0
-                    token = timer.start(flush=True, head_start_s=lead)
+                    token = timer.start("step", head_start_s=lead)
                 result = execute(a.kwargs)
                 if token is not None:
                     samples.append(timer.stop(token))

@@ -97,6 +97,11 @@ class Tunable:
     # which narrows the tie band it is judged with (stable_winner's `samples`).
     confirmed_rounds: int = 0
     raced_out: set[int] = field(default_factory=set)
+    # A per-launch confirmation that waits while keys launched before this one still change config from step to
+    # step (decisions.py, confirm_after): the keys it waits for, and its rounds. Its candidates wait in `held`, and
+    # its fastest so far (`provisional`) runs meanwhile, untimed.
+    confirm_waits: list[Any] | None = None
+    confirm_waiting_rounds: int = 0
     # Split screening: (rank, world) when the ranks share the screening pass, each screening a different
     # share of the configs in the same executions (the function still runs in lockstep).
     share: tuple[int, int] | None = None
@@ -264,6 +269,18 @@ class Tunable:
             self.samples[c] = []
         self._extend(candidates, 0, rounds, interleave=True)
 
+    def confirm_after(self, candidates: list[int], rounds: int, best: int, waits: list[Any]) -> None:
+        """confirm(candidates, rounds), once no key in `waits` changes its config from step to step any more (each
+        candidate is then timed after the same kernels as the others); `best` runs until then, untimed."""
+        self.held, self.provisional = list(candidates), best
+        self.confirm_waits, self.confirm_waiting_rounds = list(waits), rounds
+
+    def release_confirmation(self) -> None:
+        rounds = self.confirm_waiting_rounds
+        candidates, _ = self.unhold()
+        assert candidates is not None
+        self.confirm(candidates, rounds)
+
     def racing(self) -> list[int]:
         """The confirmation's candidates still in its race."""
         return [c for c in self.confirmed or [] if c not in self.raced_out]
@@ -295,9 +312,13 @@ class Tunable:
         """Let go of what hold() or hold_rung() kept, planning nothing: (the survivors, the rung) held."""
         held = self.held, self.held_rung
         self.held, self.provisional, self.held_rung = None, None, None
+        self.confirm_waits, self.confirm_waiting_rounds = None, 0
         return held
 
     def resume(self) -> None:
+        if self.confirm_waits is not None:
+            self.release_confirmation()
+            return
         survivors, rung = self.unhold()
         if rung is not None:
             self.add_rung(rung)

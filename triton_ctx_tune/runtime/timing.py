@@ -101,12 +101,23 @@ def head_start(host_s: float, runs: int, gpu_s: float) -> float:
     return min(max(need, 1.25 * host_s) + 5e-5, HEAD_START_MAX_S)
 
 
+def flushes(flush_l2: bool | str, span: str) -> bool:
+    """Whether a timed span starts with an L2 flush. `span` is "launch" (one kernel's slot) or "step" (a whole
+    execution, or a graph's replays timed alone). flush_l2="step" flushes once as each re-execution starts
+    (Timer.begin_step) and before whole-step spans, never between the function's own launches: a kernel then
+    meets the cache its producers leave it, as in the program. True flushes before every span, as Triton's
+    _bench does (each kernel as if alone). False never flushes."""
+    return flush_l2 is True or (flush_l2 == "step" and span == "step")
+
+
 class Timer(Protocol):
     """What a tuning call uses of a timer. start()'s token (a host time, a CUDA event) is the timer's own:
     only the same timer's stop() reads it, so its type is the one thing the protocol leaves open."""
     kind: str
 
-    def start(self, flush: bool, head_start_s: float = 0.0) -> Any: ...
+    def begin_step(self) -> None: ...
+
+    def start(self, span: str, head_start_s: float = 0.0) -> Any: ...
 
     def stop(self, token: Any) -> Callable[[], float]: ...
 
@@ -119,7 +130,10 @@ class HostTimer:
     # (tests/kernels.py) and order configs by margins that the host's scheduling noise cannot flip.
     clock: Callable[[], float] = staticmethod(time.perf_counter)
 
-    def start(self, flush: bool, head_start_s: float = 0.0) -> float:
+    def begin_step(self) -> None:
+        pass
+
+    def start(self, span: str, head_start_s: float = 0.0) -> float:
         return self.clock()
 
     def stop(self, token: float) -> Callable[[], float]:
@@ -133,18 +147,25 @@ class HostTimer:
 class CudaEventTimer:
     kind = "cuda-events"
 
-    def __init__(self, flush_l2: bool) -> None:
+    def __init__(self, flush_l2: bool | str) -> None:
         self.flush_l2 = flush_l2
 
-    def start(self, flush: bool, head_start_s: float = 0.0) -> torch.cuda.Event:
-        """Record the start on the current stream. `head_start_s`: keep the GPU busy that long first
+    def begin_step(self) -> None:
+        """A re-execution whose launches are timed one by one starts: with flush_l2="step", L2 is flushed here,
+        once, so that no data of the previous step is left in it."""
+        if self.flush_l2 == "step":
+            _flush_l2()
+
+    def start(self, span: str, head_start_s: float = 0.0) -> torch.cuda.Event:
+        """Record the start on the current stream; `span` is "launch" or "step" (see flushes()).
+        `head_start_s`: keep the GPU busy that long first
         (torch.cuda._sleep), so that the host enqueues what follows ahead of the GPU, as it does in a
         busy program, and the span measures the GPU's work rather than the host's launch latency.
         The sleep comes before the L2 flush: the kernel then starts right after the flush, as under
         do_bench, with the flush's dirty lines still in L2 rather than a sleep's worth of idle behind them."""
         if head_start_s > 0:
             torch.cuda._sleep(int(head_start_s * _sleep_cycles_per_second()))
-        if flush and self.flush_l2:
+        if flushes(self.flush_l2, span):
             _flush_l2()
         ev = torch.cuda.Event(enable_timing=True)
         ev.record(torch.cuda.current_stream())
@@ -182,7 +203,7 @@ class CudaGraphTimer(CudaEventTimer):
             finally:
                 graph.capture_end()
         torch.cuda.current_stream().wait_stream(stream)
-        start = self.start(flush=True)
+        start = self.start("step")  # the replays are timed alone: flushed unless flush_l2=False
         graph.replay()
         done = self.stop(start)
         keep_alive = [graph, clones]  # until the sample is read at the end of the step
@@ -194,7 +215,7 @@ class CudaGraphTimer(CudaEventTimer):
         return sample
 
 
-def make_timer(flush_l2: bool, cuda_graph: bool = False) -> Timer:
+def make_timer(flush_l2: bool | str, cuda_graph: bool = False) -> Timer:
     if torch.cuda.is_available() and not interpret_mode():
         return CudaGraphTimer(flush_l2) if cuda_graph else CudaEventTimer(flush_l2)
     return HostTimer()  # TuneOptions refuses cuda_graph=True here

@@ -40,8 +40,8 @@ def _spec(kind: str, about: str, *fields: str) -> tuple[str, EventSpec]:
 # Every kind of event the package writes, in one place: RankLog.write refuses any other, and
 # tests/test_logs_schema.py holds the writers and report.py to this list.
 EVENTS: dict[str, EventSpec] = dict([
-    _spec("call", "a tuning call starts (RankLog.header)", "function", "world", "device", "timer", "triton", "torch",
-          "triton_ctx_tune", "host", "pid"),
+    _spec("call", "a tuning call starts (RankLog.header)", "function", "world", "device", "timer", "flush_l2",
+          "triton", "torch", "triton_ctx_tune", "host", "pid"),
     _spec("end", "a tuning call ends, or is stopped by an error", "function", "executions", "wall_s", "error"),
     # failures: excluded on every rank (timeouts, crashed workers); rejected: compile errors, which the launch
     # path retries with the real arguments; skipped: configs whose signature only their launch knows.
@@ -83,7 +83,7 @@ EVENTS: dict[str, EventSpec] = dict([
     _spec("call-budget", "a function space's call budget is spent (rank 0's measure): every choice still open is "
           "decided at this step's end on the samples taken", "function", "measure", "limit", "executions", "seconds"),
     _spec("confirm", "a key's close candidates, re-timed interleaved before its decision", "kernel", "key", "point",
-          "candidates", "rounds", "reduced", "margins", "end_to_end"),
+          "candidates", "rounds", "reduced", "margins", "end_to_end", "waits_for"),
     _spec("confirm-round", "an end-to-end confirmation's round ended: the candidates that stay for the next round, "
           "and those out, more than RACE_BAND behind the fastest", "kernel", "key", "point", "stay", "out",
           "reduced", "rounds_left"),
@@ -207,13 +207,13 @@ class RankLog:
         self._jsonl.write(json.dumps(record, default=repr) + "\n")
         self._jsonl.flush()
 
-    def header(self, function: str, world: int, device: str, timer: str) -> None:
+    def header(self, function: str, world: int, device: str, timer: str, flush_l2: bool | str) -> None:
         import torch
 
-        self.write("call", f"=== tuning {function}: world={world} device={device} timer={timer} "
+        self.write("call", f"=== tuning {function}: world={world} device={device} timer={timer} flush_l2={flush_l2} "
                    f"triton={TRITON_VERSION} torch={torch.__version__} triton_ctx_tune={__version__} "
                    f"host={socket.gethostname()} pid={os.getpid()}",
-                   function=function, world=world, device=device, timer=timer, triton=TRITON_VERSION,
+                   function=function, world=world, device=device, timer=timer, flush_l2=flush_l2, triton=TRITON_VERSION,
                    torch=torch.__version__, triton_ctx_tune=__version__, host=socket.gethostname(), pid=os.getpid())
 
     def summary(self, line: str) -> None:
