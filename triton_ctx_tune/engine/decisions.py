@@ -429,10 +429,10 @@ class Decisions:
         """The keys met before `s` (in every rank's order) whose config still changes from step to step: screening,
         timing survivors, or a budget's rungs. Re-timed among them, `s`'s candidates would each run after other
         configs of theirs: on the MLP op, GELU's candidates ran after GEMM configs up to 30% apart, each candidate
-        after its own few of them, and the in-op oracle's best GELU (4% faster in the op) lost on config order
-        (RESULTS.md section 43). A key still compiling runs one ready config (not a change), and one confirming
-        runs candidates close to each other: neither is waited for. Not within a function space (points confirm
-        end to end)."""
+        after its own few of them, and which GEMM config ran before it decided whether BLOCK 1024 was level with
+        2048 or 1.8% behind (RESULTS.md section 43). A key still compiling runs one ready config (not a change),
+        and one confirming runs candidates close to each other: neither is waited for. Not within a function space
+        (points confirm end to end)."""
         if not isinstance(s, KeyState) or s.point is not None:
             return []
         before: list[KeyState] = []
