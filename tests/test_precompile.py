@@ -372,10 +372,38 @@ def test_the_compile_line_counts_every_config_once_and_report_prints_it(tmp_path
     line = next(x for x in capfd.readouterr().err.splitlines() if ": compile: " in x)
     assert f"compile: 4 configs, {call['workers']} in " in line and f"{call['here']} in-process" in line
     assert f"{call['cache']} from disk cache" in line and "first timed slot" in line
+    # The parallelism the compiles allowed: never below what they reached (the floors are parts of the wall time).
+    if call["bound"] is not None:
+        assert call["bound"] >= call["parallelism"] * 0.999 and "(at most " in line
     text = format_report(build(tmp_path))
     assert "op: compile: 4 configs" in text
     assert text.count("  compile    2 configs: ") == 2
     autotuner(_line_kernel).cache.clear()
+
+
+def test_the_compile_line_names_what_bounds_its_parallelism():
+    """FLA's step at 2 ranks (RESULTS sections 38 and 42): a key met 2.3 s in whose largest config compiles for 7.6 s
+    sets the wall time, whatever the node's cores: the line says the parallelism it allowed and why."""
+    from triton_ctx_tune.tools.logs import compile_line, compile_totals
+
+    def key(kernel: str, started: float, longest_s: float, compile_s: float, ended: float) -> dict:
+        return {"counts": {"workers": 6}, "compile_s": compile_s, "started": 100.0 + started, "ended": 100.0 + ended,
+                "pool": 16, "shared_ptxas": [], "kernel": kernel, "longest_s": longest_s}
+
+    keys = [key("chunk_fwd_kernel_h", 0.0, 1.7, 16.5, 5.2), key("chunk_bwd_kernel_dqkwg", 2.3, 7.6, 11.5, 9.92)]
+    t = compile_totals(keys, 5.3)
+    assert t["wall_s"] == pytest.approx(9.92) and t["parallelism"] == pytest.approx(28.0 / 9.92)
+    assert t["bound"] == pytest.approx(28.0 / 9.9)  # the critical path, 2.3 + 7.6 s, is longer than 28 s / 16
+    assert t["bound_by"] == {"kernel": "chunk_bwd_kernel_dqkwg", "met_s": pytest.approx(2.3), "longest_s": 7.6}
+    assert "parallelism 2.8x (at most 2.8x: chunk_bwd_kernel_dqkwg met 2.3 s in, a config of it 7.6 s), 9.9 s" \
+        in compile_line(t)
+    # Many short compiles: the pool is the floor (64 s over 16 workers = 4 s, longer than any key's path).
+    t = compile_totals([key("k", 0.0, 0.8, 64.0, 5.0)], None)
+    assert t["bound"] == pytest.approx(16.0) and t["bound_by"] == {"pool": 16}
+    assert "parallelism 12.8x (at most 16.0x: the compiles spread over 16 workers), 5.0 s" in compile_line(t)
+    # A log written before the bound existed: the line as it was.
+    old = {k: v for k, v in t.items() if k not in ("bound", "bound_by")}
+    assert "parallelism 12.8x, 5.0 s" in compile_line(old)
 
 
 def test_report_adds_up_a_nodes_ranks_compiles(tmp_path):

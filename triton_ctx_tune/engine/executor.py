@@ -380,7 +380,8 @@ class Executor:
         counts = done.counts()
         record = {"counts": counts, "compile_s": sum(done.compile_s.values()), "started": done.started,
                   "ended": done.ended, "pool": int(done.workers.get("ready", 0)) if done.workers else 0,
-                  "shared_ptxas": done.shared_ptxas}
+                  "shared_ptxas": done.shared_ptxas, "kernel": state.kernel,
+                  "longest_s": max((b - a for a, b in done.spans.values()), default=0.0)}
         self.stats.compiles.append(record)
         key = compile_totals([record], None)  # this key's line: the call's compile line, of one key
         compile_s, wall_s, parallelism = key["compile_s"], key["wall_s"], key["parallelism"]

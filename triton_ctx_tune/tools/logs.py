@@ -60,7 +60,7 @@ EVENTS: dict[str, EventSpec] = dict([
     _spec("compile", "a call's compiles over all its keys: configs per place, the sum of their compile times, the "
           "wall time and their ratio; first_slot_s: from the first launch of a key tuned to the first timed slot",
           "function", "keys", "configs", "workers", "here", "ranks", "cache", "pool", "compile_s", "wall_s",
-          "parallelism", "first_slot_s", "shared_ptxas"),
+          "parallelism", "first_slot_s", "shared_ptxas", "bound", "bound_by"),
     _spec("precompile-disagreed", "a config precompile rejected whose launch compiled and ran: precompile built "
           "another signature than the launch", "kernel", "key", "config_index", "config", "precompile_reason"),
     _spec("quarantine", "a key skips configs that killed an earlier process", "kernel", "key", "configs"),
@@ -128,11 +128,29 @@ def compile_totals(compiles: list[dict[str, Any]], first_slot_s: float | None) -
     times, the wall time from the first key's start to the last config's end, and their ratio."""
     counts = {p: sum(c["counts"].get(p, 0) for c in compiles) for p in ("workers", "here", "ranks", "cache")}
     compile_s = sum(c["compile_s"] for c in compiles)
-    wall_s = max(c["ended"] for c in compiles) - min(c["started"] for c in compiles)
+    first = min(c["started"] for c in compiles)
+    wall_s = max(c["ended"] for c in compiles) - first
     workers = max((c["pool"] for c in compiles), default=0)
     return {"keys": len(compiles), "configs": sum(counts.values()), **counts, "pool": workers,
             "compile_s": compile_s, "wall_s": wall_s, "parallelism": compile_s / wall_s if wall_s > 0 else None,
-            "first_slot_s": first_slot_s, "shared_ptxas": sum(len(c.get("shared_ptxas", ())) for c in compiles)}
+            "first_slot_s": first_slot_s, "shared_ptxas": sum(len(c.get("shared_ptxas", ())) for c in compiles),
+            **_critical_path(compiles, first, compile_s, workers)}
+
+
+def _critical_path(compiles: list[dict[str, Any]], first: float, compile_s: float, workers: int) -> dict[str, Any]:
+    """The parallelism the call's compiles allowed (`bound`): its compile seconds over the longer of two floors of
+    the wall time. One is the critical path: a key cannot be done before it is met plus its longest config's
+    span (one compile, which no number of workers shortens; FLA's backward meets a key 2.3 s in whose largest
+    config compiles for 6 to 9 s). The other is the seconds spread over the pool. `bound_by` names the floor."""
+    crit = max(compiles, key=lambda c: c["started"] + c.get("longest_s", 0.0))
+    path_s = crit["started"] + crit.get("longest_s", 0.0) - first
+    spread_s = compile_s / workers if workers else 0.0
+    floor_s = max(path_s, spread_s)
+    if floor_s <= 0 or compile_s <= 0:
+        return {"bound": None, "bound_by": None}
+    by = ({"kernel": crit.get("kernel"), "met_s": crit["started"] - first, "longest_s": crit.get("longest_s", 0.0)}
+          if path_s >= spread_s else {"pool": workers})
+    return {"bound": compile_s / floor_s, "bound_by": by}
 
 
 def fmt_parallelism(parallelism: float | None) -> str:
@@ -144,8 +162,18 @@ def compile_line(t: dict[str, Any]) -> str:
     first = "" if t["first_slot_s"] is None else f"; first timed slot {t['first_slot_s']:.1f} s after the first launch"
     ranks = f"{t['ranks']} by other local ranks, " if t.get("ranks") else ""
     return (f"compile: {t['configs']} configs, {t['workers']} in {t['pool']} workers{shared_ptxas_text(t)}, "
-            f"{t['here']} in-process, {ranks}{t['cache']} from disk cache, parallelism {par}, "
+            f"{t['here']} in-process, {ranks}{t['cache']} from disk cache, parallelism {par}{bound_text(t)}, "
             f"{t['wall_s']:.1f} s{first}")
+
+
+def bound_text(t: dict[str, Any]) -> str:
+    """" (at most 6.8x: chunk_bwd_kernel_dqkwg met 2.3 s in, a config of it 7.6 s)", or "" (logs before it)."""
+    by = t.get("bound_by")
+    if t.get("bound") is None or not by:
+        return ""
+    why = (f"{by['kernel']} met {by['met_s']:.1f} s in, a config of it {by['longest_s']:.1f} s" if "kernel" in by
+           else f"the compiles spread over {by['pool']} workers")
+    return f" (at most {fmt_parallelism(t['bound'])}: {why})"
 
 
 def shared_ptxas_text(e: dict[str, Any]) -> str:
