@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ import triton
 from triton.runtime.autotuner import Autotuner, Config, Heuristics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import benchlib  # noqa: E402
 import mlp_kernels  # noqa: E402  (examples/ is not a package: its modules import each other by name)
 
 VARIANTS = ("mlp", "single")
@@ -146,6 +148,36 @@ class Op:
         mark("gemm2", False)
         dist.all_reduce(y)
         return y
+
+    def role_ms(self, ranks: Any, role: str, fixed: dict[str, Config], iters: int,
+                before: Callable[[], None] | None = None) -> float:
+        """Median ms of `role`'s launch inside the op, over `iters` whole-op calls with L2 flushed before each (the
+        same number on every rank: the op holds collectives). `before()` runs just ahead of the role's start event
+        (regime_probe.py's sleeps and flushes). CUDA events on a GPU, the host clock under the interpreter."""
+        self(fixed=fixed)  # warm-up: this config's first launch in the op
+        ranks.barrier()
+        spans: list[Any] = []
+
+        def probe(at_role: str, starting: bool) -> None:
+            if at_role != role:
+                return
+            if starting and before is not None:
+                before()
+            if ranks.cuda:
+                e = torch.cuda.Event(enable_timing=True)
+                e.record()
+                spans.append(e)
+            else:
+                spans.append(time.perf_counter())
+
+        for _ in range(iters):
+            if ranks.cuda:
+                benchlib.flush_l2()
+            self(fixed=fixed, probe=probe)
+        if ranks.cuda:
+            torch.cuda.synchronize()
+            return benchlib.median([a.elapsed_time(b) for a, b in zip(spans[::2], spans[1::2])])
+        return benchlib.median([(b - a) * 1e3 for a, b in zip(spans[::2], spans[1::2])])
 
     # ---- per-kernel views (for the exhaustive benchmark and for reading the tuned picks) --------
 

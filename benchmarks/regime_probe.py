@@ -64,25 +64,14 @@ def main() -> int:
 
     def sample(cfg: int, regime: dict[str, Any]) -> float:
         fixed = {"gemm1": gemm[regime.get("gemm1", args.gemm)], "gelu": gelu[cfg], "gemm2": gemm[args.gemm]}
-        op(fixed=fixed)
-        spans: list[Any] = []
 
-        def probe(role: str, before: bool) -> None:
-            if role != "gelu":
-                return
-            if before and regime.get("sleep_us"):
+        def before() -> None:
+            if regime.get("sleep_us"):
                 torch.cuda._sleep(int(regime["sleep_us"] * cycles_per_us))
-            if before and regime.get("flush"):
+            if regime.get("flush"):
                 benchlib.flush_l2()
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            spans.append(e)
 
-        for _ in range(args.iters):
-            benchlib.flush_l2()
-            op(fixed=fixed, probe=probe)
-        torch.cuda.synchronize()
-        return median([a.elapsed_time(b) for a, b in zip(spans[::2], spans[1::2])])
+        return op.role_ms(ranks, "gelu", fixed, args.iters, before)
 
     cells = [(r, c) for r in regimes for c in idx]
     per_round: dict[str, list[float]] = {f"{r}|{c}": [] for r, c in cells}

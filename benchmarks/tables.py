@@ -21,7 +21,6 @@ import torch
 import triton
 import triton.language as tl
 
-import benchlib
 from benchlib import Ranks, geomean, host_do_bench, interpreting, iqr, kernel_ms, median, op_ms, rel_fro, timed
 from mlp_ops import KernelSet, Op, config_index, config_text, make_inputs, named_default, reference, tolerance
 from triton_ctx_tune import contextual_autotune
@@ -481,41 +480,12 @@ def in_op_oracle(op: Op, ranks: Ranks, base: dict[str, Any], candidates: dict[st
         for r in range(rounds):
             for i in idx[r % len(idx):] + idx[:r % len(idx)]:
                 fixed = {**base, role: at.configs[i]}
-                per_round[i].append(max(ranks.gather(_role_in_op_ms(op, ranks, role, fixed, iters))))
+                per_round[i].append(max(ranks.gather(op.role_ms(ranks, role, fixed, iters))))
         times = {i: median(ts) for i, ts in per_round.items()}
         best = min(times, key=lambda i: (times[i], i))
         out[role] = {"ms": {str(i): times[i] for i in idx}, "ms_per_round": {str(i): per_round[i] for i in idx},
                      "best": best, "best_ms": times[best]}
     return out
-
-
-def _role_in_op_ms(op: Op, ranks: Ranks, role: str, fixed: dict[str, Any], iters: int) -> float:
-    """Median ms of one role's launch over `iters` whole-op calls (the same number on every rank: the op holds
-    collectives)."""
-    op(fixed=fixed)  # warm-up: this config's first launch in the op
-    ranks.barrier()
-    spans: list[Any] = []
-
-    def probe(at_role: str, before: bool) -> None:
-        if at_role != role:
-            return
-        if ranks.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            spans.append(e)
-        else:
-            spans.append(time.perf_counter())
-
-    for _ in range(iters):
-        if ranks.cuda:
-            benchlib.flush_l2()
-        op(fixed=fixed, probe=probe)
-    if ranks.cuda:
-        torch.cuda.synchronize()
-        ms = [a.elapsed_time(b) for a, b in zip(spans[::2], spans[1::2])]
-    else:
-        ms = [(b - a) * 1e3 for a, b in zip(spans[::2], spans[1::2])]
-    return median(ms)
 
 
 def in_op_regret(oracle: dict[str, Any], picks: dict[str, int]) -> dict[str, Any]:

@@ -24,9 +24,9 @@ EXACT = dict(n_warmup=1, n_repeat=2, early_stop=False, confirm=False, cache=Fals
 
 
 def test_which_spans_flush_in_each_mode() -> None:
-    assert flushes("step", "step") and not flushes("step", "launch")
-    assert flushes(True, "launch") and flushes(True, "step")
-    assert not flushes(False, "launch") and not flushes(False, "step")
+    assert flushes("step", "step") and not flushes("step", "launch") and flushes("step", "execution")
+    assert flushes(True, "launch") and flushes(True, "step") and not flushes(True, "execution")
+    assert not flushes(False, "launch") and not flushes(False, "step") and not flushes(False, "execution")
 
 
 @pytest.mark.parametrize("bad", ["always", "launch", 1, None])

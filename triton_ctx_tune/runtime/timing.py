@@ -101,13 +101,16 @@ def head_start(host_s: float, runs: int, gpu_s: float) -> float:
     return min(max(need, 1.25 * host_s) + 5e-5, HEAD_START_MAX_S)
 
 
-def flushes(flush_l2: bool | str, span: str) -> bool:
-    """Whether a timed span starts with an L2 flush. `span` is "launch" (one kernel's slot) or "step" (a whole
-    execution, or a graph's replays timed alone). flush_l2="step" flushes once as each re-execution starts
-    (Timer.begin_step) and before whole-step spans, never between the function's own launches: a kernel then
-    meets the cache its producers leave it, as in the program. True flushes before every span, as Triton's
-    _bench does (each kernel as if alone). False never flushes."""
-    return flush_l2 is True or (flush_l2 == "step" and span == "step")
+def flushes(flush_l2: bool | str, at: str) -> bool:
+    """Whether L2 is flushed `at`: "launch" (a timed span of one kernel's slot), "step" (a timed span of a whole
+    execution, or of a graph's replays timed alone) or "execution" (a re-execution whose launches are timed one by
+    one starts: Timer.begin_step). flush_l2="step" flushes as each re-execution starts and before whole-step spans,
+    never between the function's own launches: a kernel then meets the cache its producers leave it, as in the
+    program. True flushes before every timed span, as Triton's _bench does (each kernel as if alone). False never
+    flushes."""
+    if flush_l2 is True:
+        return at != "execution"
+    return flush_l2 == "step" and at != "launch"
 
 
 class Timer(Protocol):
@@ -153,7 +156,7 @@ class CudaEventTimer:
     def begin_step(self) -> None:
         """A re-execution whose launches are timed one by one starts: with flush_l2="step", L2 is flushed here,
         once, so that no data of the previous step is left in it."""
-        if self.flush_l2 == "step":
+        if flushes(self.flush_l2, "execution"):
             _flush_l2()
 
     def start(self, span: str, head_start_s: float = 0.0) -> torch.cuda.Event:
