@@ -150,10 +150,12 @@ class Op:
         return y
 
     def role_ms(self, ranks: Any, role: str, fixed: dict[str, Config], iters: int,
-                before: Callable[[], None] | None = None) -> float:
+                before: Callable[[], None] | None = None, before_call: Callable[[], None] | None = None,
+                after: Callable[[], None] | None = None) -> float:
         """Median ms of `role`'s launch inside the op, over `iters` whole-op calls with L2 flushed before each (the
-        same number on every rank: the op holds collectives). `before()` runs just ahead of the role's start event
-        (regime_probe.py's sleeps and flushes). CUDA events on a GPU, the host clock under the interpreter."""
+        same number on every rank: the op holds collectives). `before()` runs just ahead of the role's start event,
+        `after()` just after its end event, `before_call()` ahead of each op call (regime_probe.py's sleeps,
+        flushes, idle host time and clock readings). CUDA events on a GPU, the host clock under the interpreter."""
         self(fixed=fixed)  # warm-up: this config's first launch in the op
         ranks.barrier()
         spans: list[Any] = []
@@ -169,8 +171,12 @@ class Op:
                 spans.append(e)
             else:
                 spans.append(time.perf_counter())
+            if not starting and after is not None:
+                after()
 
         for _ in range(iters):
+            if before_call is not None:
+                before_call()
             if ranks.cuda:
                 benchlib.flush_l2()
             self(fixed=fixed, probe=probe)

@@ -8,7 +8,11 @@ each call) of GELU's span between two CUDA events. Regimes, applied just before 
   flush        an L2 flush first (flush_l2=True: Triton's _bench)
   sleep+flush  both, sleep first (the tuner's order with flush_l2=True)
   after-gemm0  gemm1 at config 0 (small tiles) instead of the tuner's pick, nothing else
-Rounds are interleaved and rotated; each config's time is the median over rounds.
+  idle-Xms     before each op call, a synchronize and X ms of host time with the GPU idle (the tuner's steps keep
+               the GPU busy about 1 ms in 4)
+  idle+sleep+flush   idle-Xms (the largest X), then the tuner's lead and flush before GELU
+Rounds are interleaved and rotated; each config's time is the median over rounds. After each GELU launch the
+SM clock is read off a short torch.cuda._sleep between two events (cycles over elapsed time): "MHz".
 
     ./launch benchmarks/regime_probe.py --I 7168 --out /tmp/regimes    # one GPU; prints a table
 """
@@ -18,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,7 @@ def main() -> int:
     p.add_argument("--configs", default="2,3,4,6", help="GELU config indices (default 2,3,4,6)")
     p.add_argument("--gemm", type=int, default=13, help="the GEMMs' config index (default 13, the tuner's pick)")
     p.add_argument("--sleeps-us", default="200,1000", help="sleep regimes, us (default 200,1000)")
+    p.add_argument("--idle-ms", default="3", help="idle regimes, ms of host time per op call (default 3)")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--out", default="benchmarks/results")
@@ -60,6 +66,14 @@ def main() -> int:
     regimes["flush"] = {"flush": True}
     regimes["sleep+flush"] = {"sleep_us": int(args.sleeps_us.split(",")[-1]), "flush": True}
     regimes["after-gemm0"] = {"gemm1": 0}
+    idles = [float(v) for v in args.idle_ms.split(",") if v]
+    for ms in idles:
+        regimes[f"idle-{ms:g}ms"] = {"idle_ms": ms}
+    if idles:
+        regimes["idle+sleep+flush"] = {"idle_ms": idles[-1], "sleep_us": int(args.sleeps_us.split(",")[-1] or 0),
+                                       "flush": True}
+    clock_cycles = 20_000
+    clocks: dict[str, list[float]] = {}
     idx = [int(v) for v in args.configs.split(",")]
 
     def sample(cfg: int, regime: dict[str, Any]) -> float:
@@ -71,7 +85,28 @@ def main() -> int:
             if regime.get("flush"):
                 benchlib.flush_l2()
 
-        return op.role_ms(ranks, "gelu", fixed, args.iters, before)
+        def before_call() -> None:
+            if regime.get("idle_ms"):
+                torch.cuda.synchronize()
+                time.sleep(regime["idle_ms"] / 1e3)
+
+        marks: list[Any] = []
+
+        def after() -> None:
+            pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            pair[0].record()
+            torch.cuda._sleep(clock_cycles)
+            pair[1].record()
+            marks.append(pair)
+
+        ms = op.role_ms(ranks, "gelu", fixed, args.iters, before, before_call, after)
+        torch.cuda.synchronize()
+        mhz = [clock_cycles / (a.elapsed_time(b) * 1e3) for a, b in marks]
+        clocks.setdefault(f"{r_name(regime)}|{cfg}", []).append(median(mhz))
+        return ms
+
+    def r_name(regime: dict[str, Any]) -> str:
+        return next(k for k, v in regimes.items() if v is regime)
 
     cells = [(r, c) for r in regimes for c in idx]
     per_round: dict[str, list[float]] = {f"{r}|{c}": [] for r, c in cells}
@@ -83,12 +118,14 @@ def main() -> int:
     for r in regimes:
         times = {c: 1e3 * median(per_round[f"{r}|{c}"]) for c in idx}
         best = min(times.values())
-        lines.append(f"  {r:12s} " + "  ".join(f"#{c} {t:6.2f} ({t / best:.3f})" for c, t in times.items()))
+        mhz = median([m for c in idx for m in clocks.get(f"{r}|{c}", [])] or [0.0])
+        lines.append(f"  {r:16s} " + "  ".join(f"#{c} {t:6.2f} ({t / best:.3f})" for c, t in times.items())
+                     + f"  SM {mhz:5.0f} MHz")
     ranks.log("\n".join(lines))
     if ranks.rank == 0:
         os.makedirs(args.out, exist_ok=True)
         Path(args.out, "regime_probe.json").write_text(json.dumps({"args": vars(args), "per_round_ms": per_round,
-                                                                   "regimes": regimes}))
+                                                                   "regimes": regimes, "sm_mhz": clocks}))
     dist.destroy_process_group()
     return 0
 
