@@ -35,7 +35,7 @@ from .state import (
 )
 
 # How rank 0's keep-mask marks a winner that a tie-break chose (1: the fastest, or a screening survivor).
-TIE_CODES = {None: 1, "incumbent": 2, "config order": 3}
+TIE_CODES = {None: 1, "incumbent": 2}
 TIE_BY_CODE = {code: how for how, code in TIE_CODES.items()}
 CONFIRM_CODE = 4  # a close candidate, re-timed before the key is decided
 CONFIRM_E2E_CODE = 6  # the same, timed end to end: the key overlapped another stream's work

@@ -444,13 +444,15 @@ def pick_winner(times: list[float]) -> int | None:
     return best
 
 
-# Near-ties: candidates within a band of the fastest are one tie, broken the same way every run. The band
-# is the fastest config's own spread (q80 - q20 over its median), at least TIE_FLOOR (timers' resolution)
-# and at most TIE_CAP (the most a tie-break may give away). After a per-launch confirmation of n interleaved
-# rounds, the times compared are statistics of n samples taken side by side, and the band is the spread over
-# sqrt(n): how far apart two such statistics fall by chance, not how far apart two single launches do. (The
-# MLP op's GELU on 2 H200s: single launches 3 to 4% apart at random, so BLOCK 1024 and 2048 were one tie and
-# config order gave away the 1.1% by which 2048 was faster alone, in 2 of 5 runs: issue 35.)
+# Near-ties: candidates within a band of the fastest are one tie, which the incumbent (the key's last winner)
+# keeps, so that a re-tune does not flip configs on noise; without one, the fastest wins. The band is the
+# fastest config's own spread (q80 - q20 over its median), at least TIE_FLOOR (timers' resolution) and at most
+# TIE_CAP (the most a tie-break may give away). After a per-launch confirmation of n interleaved rounds, the
+# times compared are statistics of n samples taken side by side, and the band is the spread over sqrt(n): how
+# far apart two such statistics fall by chance, not how far apart two single launches do. (The MLP op's GELU on
+# 2 H200s: single launches 3 to 4% apart at random, so BLOCK 1024 and 2048 were one tie. Config order, the old
+# rule without an incumbent, gave away the 1.1% by which 2048 was faster alone in 2 of 5 runs, and, with the
+# band narrowed, 2.5% in 3 of 8 calls, where each call's medians put 2048 first by 0.3 to 0.8%: issue 35.)
 TIE_FLOOR = 0.01
 TIE_CAP = 0.05
 
@@ -463,14 +465,15 @@ class Choice:
     spread: float  # the fastest config's (q80 - q20) / median
     band: float  # configs within fastest * (1 + band) are one tie
     ties: list[int]
-    tie_break: str | None  # None: the fastest won; "incumbent" or "config order": it decided
+    tie_break: str | None  # None: the fastest won; "incumbent": it did ("config order" in older logs)
 
 
 def stable_winner(times: list[float], q20: list[float], q80: list[float],
                   incumbent: int | None = None, samples: int = 1) -> Choice | None:
     """The winner among near-ties: the incumbent (the last winner of this kernel and key) if it is in the
-    band, else the first in the config list; None when no config has a finite time. `samples`: the rounds of
-    an interleaved confirmation the times come from (the band narrows by its square root)."""
+    band, else the fastest (of equal times, the first listed); None when no config has a finite time.
+    `samples`: the rounds of an interleaved confirmation the times come from (the band narrows by its square
+    root)."""
     fastest = pick_winner(times)
     if fastest is None:
         return None
@@ -478,8 +481,8 @@ def stable_winner(times: list[float], q20: list[float], q80: list[float],
     spread = _spread(fastest, times, q20, q80)
     band = min(TIE_CAP, max(TIE_FLOOR, spread / math.sqrt(max(1, samples))))
     ties = [i for i, t in enumerate(times) if math.isfinite(t) and t <= best * (1 + band)]
-    winner = incumbent if incumbent in ties else ties[0]
-    how = None if winner == fastest else ("incumbent" if winner == incumbent else "config order")
+    winner = incumbent if incumbent in ties else fastest
+    how = None if winner == fastest else "incumbent"
     return Choice(winner, fastest, spread, band, ties, how)
 
 

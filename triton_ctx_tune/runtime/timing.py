@@ -63,8 +63,12 @@ class HostLead:
     the sleeps already queued counts towards it: a step's second and third timed launch sleep only what the
     first one's sleep no longer covers, which keeps a step's GPU tail at about one lead.
     """
-    FIRST_S = 1e-4  # before any span is known: Triton's launch path with hooks is tens of microseconds
     MAX_S = 2e-3
+    # Before any span is known, the longest lead. (It was 0.1 ms, for Triton's launch path of tens of
+    # microseconds; the tuner's own routing takes more. The MLP op's GELU on 2 H200s, the first timed slot of a
+    # process's first tuning call: BLOCK 1024 and 2048 sampled 160 and 148 us for 34 us of work, one sample
+    # each by split screening, and both were screened out: issue 35.)
+    FIRST_S = MAX_S
 
     def __init__(self) -> None:
         self._spans: deque[float] = deque(maxlen=16)

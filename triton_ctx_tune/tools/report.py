@@ -51,7 +51,7 @@ class KeyReport:
     occurrences: int = 0
     error: dict[str, list[str]] | None = None  # config text -> reasons, when no config was valid
     # Near-ties (decisions.py): the band around the fastest, the fastest config's spread that set it, the
-    # configs inside it, the fastest one, and what a tie-break chose ("incumbent", "config order") if it did.
+    # configs inside it, the fastest one, and what a tie-break chose ("incumbent"; older logs: "config order").
     band: float | None = None
     spread: float | None = None
     ties: list[int] = field(default_factory=list)
