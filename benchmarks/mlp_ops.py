@@ -16,6 +16,7 @@ Each op can be called three ways:
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -106,6 +107,18 @@ def matmul(ks: KernelSet, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c
 def gelu_(ks: KernelSet, x: torch.Tensor, config: Config | None = None) -> None:
     n = x.numel()
     launch(ks.gelu, lambda m: (triton.cdiv(n, m["BLOCK"]),), (x, n), config)
+
+
+def probe_parser(doc: str | None, configs: str) -> argparse.ArgumentParser:
+    """The arguments regime_probe.py and tuner_regime.py share: the op's shapes, GELU's candidates (`configs`,
+    indices into its config list) and the GEMMs' config."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--M", type=int, default=4096)
+    p.add_argument("--H", type=int, default=4096)
+    p.add_argument("--I", type=int, default=14336, help="intermediate size, split over ranks (default 14336)")
+    p.add_argument("--configs", default=configs, help=f"GELU config indices (default {configs})")
+    p.add_argument("--gemm", type=int, default=13, help="the GEMMs' config index (default 13, the tuner's pick)")
+    return p
 
 
 def triton_key(at: Autotuner, args: tuple) -> tuple:

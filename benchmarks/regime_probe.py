@@ -18,7 +18,6 @@ SM clock is read off a short torch.cuda._sleep between two events (cycles over e
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -30,12 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--M", type=int, default=4096)
-    p.add_argument("--H", type=int, default=4096)
-    p.add_argument("--I", type=int, default=14336, help="intermediate size, split over ranks (default 14336)")
-    p.add_argument("--configs", default="2,3,4,6", help="GELU config indices (default 2,3,4,6)")
-    p.add_argument("--gemm", type=int, default=13, help="the GEMMs' config index (default 13, the tuner's pick)")
+    from mlp_ops import probe_parser
+
+    p = probe_parser(__doc__, "2,3,4,6")
     p.add_argument("--sleeps-us", default="200,1000", help="sleep regimes, us (default 200,1000)")
     p.add_argument("--idle-ms", default="3", help="idle regimes, ms of host time per op call (default 3)")
     p.add_argument("--rounds", type=int, default=30)

@@ -16,7 +16,6 @@ at the end.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -30,12 +29,9 @@ ARMS = {"default": {}, "flush-step": {"flush_l2": "step"}, "flush-off": {"flush_
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--M", type=int, default=4096)
-    p.add_argument("--H", type=int, default=4096)
-    p.add_argument("--I", type=int, default=14336, help="intermediate size, split over ranks (default 14336)")
-    p.add_argument("--configs", default="2,4,6,7", help="GELU config indices (default 2,4,6,7)")
-    p.add_argument("--gemm", type=int, default=13, help="the GEMMs' one config (default 13, the tuner's pick)")
+    from mlp_ops import probe_parser
+
+    p = probe_parser(__doc__, "2,4,6,7")
     p.add_argument("--calls", type=int, default=4, help="tuning calls per arm (default 4)")
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--rounds", type=int, default=10, help="in-op oracle rounds, at the start and at the end")
