@@ -467,20 +467,21 @@ def paired_ratio(e: dict[str, Any], pick: int) -> float | None:
 # oracle's 4-stage GEMMs was 0.4 to 1.6% slower than with the tuner's 3-stage ones (RESULTS section 37, op_ab.py).
 # So the quality table also times every config where the op runs it, which is what a contextual tuner optimizes.
 def in_op_oracle(op: Op, ranks: Ranks, base: dict[str, Any], candidates: dict[str, list[int]], rounds: int,
-                 iters: int) -> dict[str, Any]:
-    """Every candidate config of each role timed inside the op: the op called whole (the other roles at `base`,
-    L2 flushed before each call as op_ms does), the role's launch between two CUDA events (the host clock under the
-    interpreter). A sample is the median over `iters` calls; rounds are interleaved, rotated, the slowest rank's
-    sample per round; a config's time is the median over rounds."""
+                 iters: int, before: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Every candidate config of each role in `candidates` timed inside the op: the op called whole (the other
+    roles at `base`, L2 flushed before each call as op_ms does), the role's launch between two CUDA events (the
+    host clock under the interpreter; `before()` just ahead of the start event, as Op.role_ms takes it). A sample
+    is the median over `iters` calls; rounds are interleaved, rotated, the slowest rank's sample per round; a
+    config's time is the median over rounds."""
     out: dict[str, Any] = {}
-    for role in op.roles:
+    for role in (r for r in op.roles if r in candidates):
         at = op.ks.for_role(role)
         idx = candidates[role]
         per_round: dict[int, list[float]] = {i: [] for i in idx}
         for r in range(rounds):
             for i in idx[r % len(idx):] + idx[:r % len(idx)]:
                 fixed = {**base, role: at.configs[i]}
-                per_round[i].append(max(ranks.gather(op.role_ms(ranks, role, fixed, iters))))
+                per_round[i].append(max(ranks.gather(op.role_ms(ranks, role, fixed, iters, before))))
         times = {i: median(ts) for i, ts in per_round.items()}
         best = min(times, key=lambda i: (times[i], i))
         out[role] = {"ms": {str(i): times[i] for i in idx}, "ms_per_round": {str(i): per_round[i] for i in idx},

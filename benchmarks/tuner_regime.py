@@ -9,8 +9,7 @@ GELU's candidates. Arms, interleaved over --calls rounds (each a fresh tuning ca
   no-lead        no GPU sleep ahead of a timed launch (HostLead.take returns 0)
   no-restore     exactly_once=False (no copies of older state between re-executions)
 For each call, GELU's per-config median from the decision event; then each arm's median over calls. The
-in-op oracle's regimes (Op.role_ms: plain, and with the tuner's lead sleep and flush) are timed at the start and
-at the end.
+in-op oracle (tables.in_op_oracle: plain, and with the tuner's lead sleep and flush) runs at the start and the end.
 
     ./launch benchmarks/tuner_regime.py --out /tmp/tuner_regime
 """
@@ -44,6 +43,7 @@ def main() -> int:
     import benchlib
     from benchlib import Ranks, median
     from mlp_ops import KernelSet, Op, config_text, make_inputs
+    from tables import in_op_oracle
     from triton_ctx_tune import contextual_autotune
     from triton_ctx_tune.runtime import timing
 
@@ -60,19 +60,17 @@ def main() -> int:
     cycles_per_us = timing._sleep_cycles_per_second() / 1e6 if ranks.cuda else 0.0
     take = timing.HostLead.take
 
+    def lead_and_flush() -> None:  # the tuner's order before a timed launch with flush_l2=True
+        if ranks.cuda:
+            torch.cuda._sleep(int(200 * cycles_per_us))
+            benchlib.flush_l2()
+
     def oracle(tag: str) -> dict[str, dict[int, float]]:
         out: dict[str, dict[int, float]] = {}
-        for regime in ("plain", "sleep200+flush"):
-            def before(regime: str = regime) -> None:
-                if regime != "plain" and ranks.cuda:
-                    torch.cuda._sleep(int(200 * cycles_per_us))
-                    benchlib.flush_l2()
-            rounds: dict[int, list[float]] = {j: [] for j in range(len(idx))}
-            for _ in range(args.rounds):
-                for j in range(len(idx)):
-                    fixed = {"gemm1": gemm_cfg, "gelu": gelu_cfgs[j], "gemm2": gemm_cfg}
-                    rounds[j].append(max(ranks.gather(op.role_ms(ranks, "gelu", fixed, 10, before))))
-            out[f"{tag} {regime}"] = {j: 1e3 * median(v) for j, v in rounds.items()}
+        for regime, before in (("plain", None), ("sleep200+flush", lead_and_flush)):
+            timed = in_op_oracle(op, ranks, {"gemm1": gemm_cfg, "gemm2": gemm_cfg}, {"gelu": list(range(len(idx)))},
+                                 args.rounds, 10, before)["gelu"]["ms"]
+            out[f"{tag} {regime}"] = {int(j): 1e3 * ms for j, ms in timed.items()}
         return out
 
     results: dict[str, Any] = {"oracle": oracle("oracle, start"), "calls": {a: [] for a in args.arms.split(",")}}

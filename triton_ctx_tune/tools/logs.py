@@ -143,12 +143,13 @@ def _critical_path(compiles: list[dict[str, Any]], first: float, compile_s: floa
     span (one compile, which no number of workers shortens; FLA's backward meets a key 2.3 s in whose largest
     config compiles for 6 to 9 s). The other is the seconds spread over the pool. `bound_by` names the floor."""
     crit = max(compiles, key=lambda c: c["started"] + c.get("longest_s", 0.0))
-    path_s = crit["started"] + crit.get("longest_s", 0.0) - first
+    longest_s = crit.get("longest_s", 0.0)
+    path_s = crit["started"] + longest_s - first
     spread_s = compile_s / workers if workers else 0.0
     floor_s = max(path_s, spread_s)
     if floor_s <= 0 or compile_s <= 0:
         return {"bound": None, "bound_by": None}
-    by = ({"kernel": crit.get("kernel"), "met_s": crit["started"] - first, "longest_s": crit.get("longest_s", 0.0)}
+    by = ({"kernel": crit.get("kernel"), "met_s": crit["started"] - first, "longest_s": longest_s}
           if path_s >= spread_s else {"pool": workers})
     return {"bound": compile_s / floor_s, "bound_by": by}
 
