@@ -48,9 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-repeat", type=int, default=5, help="contextual_autotune n_repeat (default 5)")
     p.add_argument("--n-warmup", type=int, default=3, help="contextual_autotune n_warmup (default 3)")
     p.add_argument("--no-vanilla", action="store_true", help="skip the plain triton.autotune baseline")
-    p.add_argument("--flush-l2", default="true", choices=("true", "step", "false"),
-                   help="contextual_autotune flush_l2 of ours: true (the library's default: before each timed launch), "
-                        "step (once per re-execution), false")
+    p.add_argument("--flush-l2", default="step", choices=("true", "step", "false"),
+                   help="contextual_autotune flush_l2 of ours: step (the library's default: once per re-execution), "
+                        "true (before each timed launch), false")
     p.add_argument("--objective", default="auto", choices=("auto", "per_launch", "end_to_end"),
                    help="contextual_autotune objective of ours (default auto)")
     p.add_argument("--rep-ms", type=int, help="quality: do_bench rep (ms) per config (default 200)")

@@ -116,7 +116,7 @@ class Bench:
         self.ours_op = Op(variant, self.ours_ks, x, w1s, w2s)
         self.ours = contextual_autotune(is_dist=True, n_repeat=args.n_repeat, n_warmup=args.n_warmup,
                                         objective=getattr(args, "objective", "auto"), log_dir=log_dir,
-                                        flush_l2={"true": True, "false": False}.get(getattr(args, "flush_l2", "true"),
+                                        flush_l2={"true": True, "false": False}.get(getattr(args, "flush_l2", "step"),
                                                                                     "step"),
                                         quiet=True)(_named(self.ours_op, f"bench_{variant}"))
         # Under the interpreter Triton's own do_bench cannot run: a host-clock stand-in keeps the path exercised.

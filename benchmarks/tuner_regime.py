@@ -4,8 +4,9 @@ oracle's method, in one process: which part of the tuner's way of timing moves o
 
 The GEMMs get one config (the tuner's usual pick, --gemm), GELU a few (--configs), so each tuning call times only
 GELU's candidates. Arms, interleaved over --calls rounds (each a fresh tuning call, Triton's cache warm):
-  default        contextual_autotune's defaults (flush_l2=True: L2 flushed before each timed launch)
-  flush-step     flush_l2="step"          flush-off    flush_l2=False
+  default        contextual_autotune's defaults (flush_l2="step" since RESULTS section 45: L2 flushed once per
+                 re-execution; True before it)
+  flush-launch   flush_l2=True (before each timed launch)   flush-step  flush_l2="step"   flush-off  flush_l2=False
   no-lead        no GPU sleep ahead of a timed launch (HostLead.take returns 0)
   no-restore     exactly_once=False (no copies of older state between re-executions)
 For each call, GELU's per-config median from the decision event; then each arm's median over calls. The
@@ -23,7 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-ARMS = {"default": {}, "flush-step": {"flush_l2": "step"}, "flush-off": {"flush_l2": False},
+ARMS = {"default": {}, "flush-launch": {"flush_l2": True}, "flush-step": {"flush_l2": "step"},
+        "flush-off": {"flush_l2": False},
         "no-lead": {"no_lead": True}, "no-restore": {"exactly_once": False}}
 
 

@@ -224,10 +224,10 @@ class TuneOptions:
     group: Any = None
     reduce: str = "max"
     stat: str = "median"
-    # True: L2 flushed before every timed launch, as Triton's _bench does (each kernel as if alone). "step": once as
-    # each re-execution starts, so a kernel meets the cache its producers in the function leave it (a GELU reads
-    # its GEMM's output from L2, as in the program). False: never.
-    flush_l2: bool | str = True
+    # "step" (the default): L2 flushed once as each re-execution starts, so a kernel meets the cache its producers in
+    # the function leave it (a GELU reads its GEMM's output from L2, as in the program). True: before every timed
+    # launch, as Triton's _bench does (each kernel as if alone). False: never.
+    flush_l2: bool | str = "step"
     log_dir: str | os.PathLike[str] | None | bool = None  # None: env or ./.autotune_logs; False: no logs
     quiet: bool | None = None  # None: TRITON_CTX_TUNE_QUIET
     timeout_s: float | None = None  # None: TRITON_CTX_TUNE_TIMEOUT or 300
@@ -273,7 +273,7 @@ class TuneOptions:
     # Confirmation of close candidates: before a key timed per launch is decided, the configs within
     # a few percent of the fastest (twice the tie band, 3% to 10%) are re-timed, interleaved, in
     # max(3, n_repeat) more slots each (a noisy key: up to 20, enough to resolve 1%, except online), and the
-    # decision uses those samples, its tie band narrowed by their square root. None:
+    # decision uses all of each candidate's samples, its tie band narrowed by the rounds' square root. None:
     # TRITON_CTX_TUNE_CONFIRM, on unless it is 0.
     confirm: bool | None = None
     # Split screening (several ranks, early_stop on): the screening pass gives each rank a different
@@ -395,8 +395,8 @@ class TuneOptions:
         if not isinstance(self.is_dist, bool):
             raise InvalidOptionError("is_dist", self.is_dist, "True or False")
         if not (isinstance(self.flush_l2, bool) or self.flush_l2 == "step"):
-            raise InvalidOptionError("flush_l2", self.flush_l2, 'True (before every timed launch, the default), '
-                                     '"step" (once per re-execution) or False')
+            raise InvalidOptionError("flush_l2", self.flush_l2, '"step" (once per re-execution, the default), '
+                                     'True (before every timed launch) or False')
         if self.reduce not in REDUCTIONS:
             raise InvalidOptionError("reduce", self.reduce, " or ".join(map(repr, REDUCTIONS)))
         if self.stat not in STATISTICS:

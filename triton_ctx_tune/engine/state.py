@@ -93,8 +93,8 @@ class Tunable:
     launch_samples: list[list[Callable[[], float]]] | None = None
     # An end-to-end confirmation is a race (race()): its rounds still to plan, and the candidates it left behind.
     confirm_left: int = 0
-    # A per-launch confirmation's interleaved rounds: each candidate's time is the statistic of that many samples,
-    # which narrows the tie band it is judged with (stable_winner's `samples`).
+    # A per-launch confirmation's interleaved rounds: each candidate's time is the statistic of at least that many
+    # samples, which narrows the tie band it is judged with (stable_winner's `samples`).
     confirmed_rounds: int = 0
     raced_out: set[int] = field(default_factory=set)
     # A per-launch confirmation that waits while keys launched before this one still change config from step to
@@ -252,21 +252,24 @@ class Tunable:
         self._time_in_lockstep(configs)
 
     def confirm(self, candidates: list[int], rounds: int, end_to_end: bool = False) -> None:
-        """Re-time the close candidates before deciding: `rounds` more timed slots each, round-robin, on
-        fresh samples, so that they are compared over the same stretch of time and no earlier drift
-        (a warm-up that ran long, clocks that settled) separates them. With `end_to_end`, each slot is a
-        whole step timed end to end: what the candidate does to the rest of the call counts too."""
+        """Re-time the close candidates before deciding: `rounds` more timed slots each, round-robin, so that
+        they are also compared over the same stretch of time. Per launch, the rounds add to the samples the
+        candidates already have, and the decision takes the statistic of all of them: on the MLP op's GELU
+        (2 H200s), the confirmation's rounds alone chose the config both oracles put first in 24 of 31
+        decisions, and all of a candidate's samples in 30 (RESULTS.md section 45). With `end_to_end`, each
+        slot is a whole step timed end to end, what the candidate does to the rest of the call counts too, and
+        the decision takes those samples alone (a per-launch span and a whole step do not mix)."""
         self.confirmed = list(candidates)
         if end_to_end:
             self.end_to_end = True
             self.launch_samples = [list(taken) for taken in self.samples]
+            for c in candidates:
+                self.samples[c] = []
             # A round end to end costs a whole step per candidate (half of all-gather + GEMM's default tuning):
             # one round is planned at a time, and each round's end drops the candidates far behind (race()).
             self.confirm_left, rounds = rounds - 1, 1
         else:
             self.confirmed_rounds = rounds
-        for c in candidates:
-            self.samples[c] = []
         self._extend(candidates, 0, rounds, interleave=True)
 
     def confirm_after(self, candidates: list[int], rounds: int, best: int, waits: list[Any]) -> None:
