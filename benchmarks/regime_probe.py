@@ -72,7 +72,8 @@ def main() -> int:
     clocks: dict[str, list[float]] = {}
     idx = [int(v) for v in args.configs.split(",")]
 
-    def sample(cfg: int, regime: dict[str, Any]) -> float:
+    def sample(cfg: int, name: str) -> float:
+        regime = regimes[name]
         fixed = {"gemm1": gemm[regime.get("gemm1", args.gemm)], "gelu": gelu[cfg], "gemm2": gemm[args.gemm]}
 
         def before() -> None:
@@ -98,17 +99,14 @@ def main() -> int:
         ms = op.role_ms(ranks, "gelu", fixed, args.iters, before, before_call, after)
         torch.cuda.synchronize()
         mhz = [clock_cycles / (a.elapsed_time(b) * 1e3) for a, b in marks]
-        clocks.setdefault(f"{r_name(regime)}|{cfg}", []).append(median(mhz))
+        clocks.setdefault(f"{name}|{cfg}", []).append(median(mhz))
         return ms
-
-    def r_name(regime: dict[str, Any]) -> str:
-        return next(k for k, v in regimes.items() if v is regime)
 
     cells = [(r, c) for r in regimes for c in idx]
     per_round: dict[str, list[float]] = {f"{r}|{c}": [] for r, c in cells}
     for k in range(args.rounds):
         for r, c in cells[k % len(cells):] + cells[:k % len(cells)]:
-            per_round[f"{r}|{c}"].append(max(ranks.gather(sample(c, regimes[r]))))
+            per_round[f"{r}|{c}"].append(max(ranks.gather(sample(c, r))))
     lines = [f"GELU in the op, {args.rounds} rounds x {args.iters} calls, us (median over rounds); configs: "
              + "; ".join(f"#{c} {config_text(gelu[c])}" for c in idx)]
     for r in regimes:

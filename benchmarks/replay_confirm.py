@@ -20,14 +20,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from triton_ctx_tune.engine.state import summarize  # noqa: E402
+from triton_ctx_tune.tools.report import read_events  # noqa: E402
 
 
 def calls(folder: Path) -> list[dict[int, list[dict[str, Any]]]]:
     """Each tuning call's events, per rank ({rank: events}), in the order the calls ran."""
     out: list[dict[int, list[dict[str, Any]]]] = []
-    for path in sorted(folder.glob("rank-*.jsonl")):
-        rank = int(path.stem.split("-")[1])
-        events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for rank, events in read_events(folder)[0].items():
         starts = [i for i, e in enumerate(events) if e["event"] == "call"] + [len(events)]
         for n, (a, b) in enumerate(zip(starts, starts[1:])):
             while len(out) <= n:
@@ -45,19 +44,25 @@ def replay(per_rank: dict[int, list[dict[str, Any]]], stat: str = "median") -> l
     first = per_rank[min(per_rank)]
     rows = []
     for c in (e for e in first if e["event"] == "confirm" and not e.get("end_to_end")):
-        times: dict[str, dict[int, float]] = {"rounds": {}, "all": {}}
-        for rule, chosen in times.items():
-            for j in c["candidates"]:
-                worst = 0.0  # the slowest rank's statistic, as reduce="max" takes it
-                for events in per_rank.values():
-                    at = next(e["time"] for e in events if e["event"] == "confirm" and _ident(e) == _ident(c))
-                    ms = [e["ms"] for e in events if e["event"] == "slot" and e["timed"] and e["ms"] is not None
-                          and e["config_index"] == j and _ident(e) == _ident(c) and (rule == "all" or e["time"] > at)]
-                    worst = max(worst, summarize(ms, stat)[0] if ms else float("inf"))
-                chosen[j] = worst
+        # Per rank and candidate, the samples (host time, ms) of this key, and when the confirmation began there.
+        taken: list[tuple[float, dict[int, list[tuple[float, float]]]]] = []
+        for events in per_rank.values():
+            at = next(e["time"] for e in events if e["event"] == "confirm" and _ident(e) == _ident(c))
+            mine: dict[int, list[tuple[float, float]]] = {j: [] for j in c["candidates"]}
+            for e in events:
+                if e["event"] == "slot" and e["timed"] and e["ms"] is not None and _ident(e) == _ident(c) \
+                        and e["config_index"] in mine:
+                    mine[e["config_index"]].append((e["time"], e["ms"]))
+            taken.append((at, mine))
+        winners = {}
+        for rule in ("rounds", "all"):
+            # The slowest rank's statistic, as reduce="max" takes it.
+            times = {j: max(summarize(ms, stat)[0] if (ms := [m for t, m in mine[j] if rule == "all" or t > at])
+                            else float("inf") for at, mine in taken) for j in c["candidates"]}
+            winners[rule] = min(times, key=lambda j: (times[j], j))
         decided = next((e["winner"] for e in first if e["event"] == "decision" and _ident(e) == _ident(c)), None)
         rows.append({"kernel": c["kernel"], "key": c["key"], "candidates": c["candidates"], "tuner": decided,
-                     **{rule: min(t, key=lambda j: (t[j], j)) for rule, t in times.items()}})
+                     **winners})
     return rows
 
 
