@@ -61,7 +61,8 @@ def quick_add_two_(x_ptr, n, BLOCK: tl.constexpr):
 
 
 def op(log_dir: str | None = None, **options: Any) -> Any:
-    @contextual_autotune(n_warmup=1, n_repeat=2, early_stop=False, cache=False, log_dir=log_dir, **options)
+    @contextual_autotune(**{"n_warmup": 1, "n_repeat": 2, "early_stop": False, "cache": False, "log_dir": log_dir,
+                            **options})
     def add_three(x: torch.Tensor) -> torch.Tensor:
         h = x.clone()
         quick_add_two_[grid(h.numel())](h, h.numel())
@@ -99,6 +100,13 @@ def scenario_defer_rank1() -> dict[str, Any]:
     global slow_on
     slow_on = "rank1"
     return tune(os.environ["TRITON_CTX_TUNE_LOG_DIR"] + "/rank1", is_dist=True)
+
+
+def scenario_defer_split() -> dict[str, Any]:
+    """BLOCK 64 slow on every rank, with split screening (rank 0 screens BLOCK 16 and 64, rank 1 BLOCK 32 and 128)."""
+    global slow_on
+    slow_on = "every"
+    return tune(os.environ["TRITON_CTX_TUNE_LOG_DIR"] + "/split", is_dist=True, early_stop=4.0)
 
 
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}

@@ -943,6 +943,11 @@ class Precompiling:
         self.launcher_wait_s += time.perf_counter() - began
         return index
 
+    def ready_here(self) -> set[int]:
+        """The configs of this rank's share that have compiled so far."""
+        with self._cond:
+            return set(self._ready)
+
     @property
     def done(self) -> bool:
         """Whether this rank's share has finished compiling (finish() would not wait for it)."""

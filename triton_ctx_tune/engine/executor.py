@@ -149,7 +149,8 @@ class Executor:
                 reset_before_final_launch(at, best, args, kwargs)
             return self._known(at, best, args, kwargs)
         a = self.assignment
-        if state.compiling is not None and not a.fixed:
+        if state.compiling is not None and not a.fixed and state.next_slot >= state.early_until:
+            # (below early_until: a slot of a config every rank has compiled, taken as after the gather)
             return self._while_compiling(state, args, kwargs)
         if state.settled or state.end_to_end or a.fixed:
             # Timed end to end, held after screening, or a validation step: every launch in this step
@@ -198,7 +199,11 @@ class Executor:
         step, with every config compiled and loaded."""
         assert state.compiling is not None
         slot = state.peek()
-        stand_in = slot is not None and slot.warmup and not state.end_to_end  # (end-to-end slots are steps)
+        # A key that times early (re-executing) stands in only in the step that met it: later, a warm-up's own
+        # config may be timed early, and its warm-up must be its own launch.
+        met_now = any(s is state for s in self.new_states)
+        stand_in = (slot is not None and slot.warmup and not state.end_to_end
+                    and (met_now or self.online or not state.times_early(self.services.comm.world)))
         record = SlotRecord(state.take_slot() if stand_in else None, None)
         if record.slot is not None:
             state.records.append(record)
@@ -411,14 +416,16 @@ class Executor:
                        same_binary={str(i): r for i, r in sorted(done.same_binary.items())},
                        met_s=None if self.stats.first_launch_at is None else done.started - self.stats.first_launch_at)
 
-    def finish_compiles(self, void: bool, everywhere: list[KeyState] | None = None, defers: bool = False) -> None:
+    def finish_compiles(self, void: bool, everywhere: list[KeyState] | None = None, defers: bool = False,
+                        early: bool = False) -> None:
         """The collective half of the background compiles, in the order every rank met the keys.
 
         A void step (some rank failed) met keys that no later step runs: their compiles are dropped.
         Online, and re-executing with `defers`, a key's compiles are gathered at the first step's end where every
         rank has finished its share (`everywhere`, agreed with the step: schedule.py); until then its launches
         run whichever config is ready (_while_compiling). Re-executing, once no other key is left to time, the
-        step's end waits for them all instead: another execution would only wait too.
+        step's end waits for them all instead: another execution would only wait too; unless `early`, some key
+        still compiling has slots of configs every rank has compiled (agreed, schedule.StepEnd.early).
         """
         if void:
             for state in self.new_states:
@@ -428,7 +435,8 @@ class Executor:
             todo = everywhere or []
         elif defers:
             todo = list(everywhere or [])
-            if not todo and not any(not s.settled and s.compiling is None for s in self.search.kernels.values()):
+            if not todo and not early and not any(not s.settled and s.compiling is None
+                                                  for s in self.search.kernels.values()):
                 todo = [s for s in self.search.kernels.values() if s.compiling is not None]
         else:
             todo = self.new_states

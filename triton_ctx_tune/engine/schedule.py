@@ -17,7 +17,8 @@ earlier broadcasts made the same on every rank. Its fixed order:
    gather per finished key): online, of keys met in earlier steps; re-executing, of every key still compiling,
    those met in this step included, and of all of them once nothing else is left to time (the same fact
    everywhere: it reads the agreed search). Without deferral (function spaces, objective="end_to_end"): of each
-   key met, at the end of the step that met it;
+   key met, at the end of the step that met it. Re-executing, a key still compiling may take as many of its
+   next slots as every rank has compiled the configs of (their counts ride along in step 1 too; no collective);
 7. validation verdicts, when validating;
 8. the decisions of the tunables whose slots ran out (one gather of timings, one broadcast).
 
@@ -56,39 +57,62 @@ class StepReport:
     # A function space's call budget is spent, by this rank's measure: only rank 0's is followed (every rank reads
     # it in the gathered flags), so the decision rests on one clock and is the same everywhere.
     over_budget: bool = False
+    # Per key still compiling (the same keys as `compiled`), how many of its next slots are of configs compiled
+    # here (KeyState.ready_first); the minimum over ranks may be taken before the compiles are gathered.
+    early: list[int] = field(default_factory=list)
 
     def identity(self) -> bytes:
         return json.dumps([self.new, self.launches, self.measured, self.slots, len(self.compiled)],
                           sort_keys=True).encode()
 
     def flags(self) -> tuple[int, ...]:
-        """What rides along with the identity: failed, an error, over budget, then the compile flags."""
-        return (int(self.failure is not None), int(self.error is not None), int(self.over_budget), *self.compiled)
+        """What rides along with the identity: failed, an error, over budget, then the compile flags and the
+        early slot counts (as many as the identity's count of keys compiling)."""
+        return (int(self.failure is not None), int(self.error is not None), int(self.over_budget), *self.compiled,
+                *self.early)
 
     def explain(self) -> bytes:
         return json.dumps(self.__dict__, sort_keys=True).encode()
 
     @staticmethod
     def of(search: Search, a: Assignment, new: list[KeyState], launches: int, failure: str | None,
-           error: str | None, online: bool, defers: bool = False, over_budget: bool = False) -> StepReport:
+           error: str | None, online: bool, defers: bool = False, over_budget: bool = False,
+           world: int = 1) -> StepReport:
         tuning = [t for t in _tunables(search) if not t.settled]
         compiled: list[int] = []
+        early: list[int] = []
         if online or defers:
             fresh = {id(s) for s in new}
             grace_ends = time.monotonic() + DEFER_GRACE_S
             for s in compiling_keys(search, new, with_new=defers and not online):
+                timed_early = defers and not online and s.times_early(world)
                 if id(s) in fresh:  # met just now: a share that ends within the grace is gathered now, as ever
-                    s.compiling.wait(max(0.0, grace_ends - time.monotonic()))
+                    _wait_for_share(s, grace_ends, timed_early)
                 compiled.append(int(s.compiling.done))
+                early.append(s.ready_first(s.compiling.ready_here()) if timed_early else 0)
         return StepReport([s.describe() for s in new], launches,
                           None if a.measured is None else [a.measured.describe(), a.config],
                           [[name(t), t.next_slot, t.total_slots] for t in tuning], failure, error, compiled,
-                          over_budget)
+                          over_budget, early)
+
+
+def _wait_for_share(state: KeyState, grace_ends: float, timed_early: bool) -> None:
+    """The grace of a key met in this step: wait for its share until it ends, or, where the key can time its
+    compiled configs early, only until one of them is compiled here (after at least EARLY_WAIT_S): the rest of
+    the grace is better spent timing it (the MLP op's first GEMM key, 2 H200s: 5 of its 9 configs compiled when
+    the first execution ended, the slowest 0.2 s later)."""
+    if timed_early:
+        state.compiling.wait(min(EARLY_WAIT_S, max(0.0, grace_ends - time.monotonic())))
+        if state.compiling.done or state.ready_first(state.compiling.ready_here()) > 0:
+            return
+    state.compiling.wait(max(0.0, grace_ends - time.monotonic()))
 
 
 # Re-executing, how long a step's end waits for the compiles of a key met in that step before it may defer them:
 # a key whose share ends in time is gathered at once, as without deferral (CPU runs, warm caches, small keys).
 DEFER_GRACE_S = 0.25
+# The least of it a key that can time its compiled configs early waits (a CPU run's compiles all end within it).
+EARLY_WAIT_S = 0.05
 
 
 def compiling_keys(search: Search, new: list[KeyState], with_new: bool = False) -> list[KeyState]:
@@ -107,6 +131,8 @@ class StepEnd:
     final: bool = False  # the final run: nothing follows
     clean: bool = False  # no slot taken and no key met, on every rank
     compiled: list[KeyState] = field(default_factory=list)  # keys every rank has finished compiling (flagged)
+    # Keys still compiling, each with how many of its next slots every rank may take now (StepReport.early).
+    early: list[tuple[KeyState, int]] = field(default_factory=list)
     over_budget: bool = False  # rank 0 found the call's budget spent: everything still tuning is decided now
 
     @property
@@ -115,17 +141,19 @@ class StepEnd:
 
 
 def plan(reports: list[StepReport], search: Search, new: list[KeyState], compiled: list[int],
-         with_new: bool = False, over_budget: bool = False) -> StepEnd:
+         with_new: bool = False, over_budget: bool = False, early: list[int] | None = None) -> StepEnd:
     """The step's end from every rank's report (equal identities: checked before this), the search, the
-    compile flags every rank finished (`compiled`, the minimum over ranks, of compiling_keys(with_new)), and
-    rank 0's over-budget flag."""
+    compile flags every rank finished (`compiled`, the minimum over ranks, of compiling_keys(with_new)), the
+    early slot counts (their minimum over ranks), and rank 0's over-budget flag."""
     failures = {r: rep.failure for r, rep in enumerate(reports) if rep.failure is not None}
     error = next((rep.error for rep in reports if rep.error is not None), None)
     mine = reports[0]  # identities are equal: any rank's report says what every rank's does
     clean = mine.launches == 0 and not mine.new
-    done = [s for s, flag in zip(compiling_keys(search, new, with_new), compiled) if flag]
+    keys = compiling_keys(search, new, with_new)
+    done = [s for s, flag in zip(keys, compiled) if flag]
+    ahead = [(s, n) for s, flag, n in zip(keys, compiled, early or [0] * len(keys)) if not flag]
     return StepEnd(failures, None if failures else error, not failures and error is None and clean and search.finished,
-                   clean, done, over_budget and not failures and error is None and not search.finished)
+                   clean, done, ahead, over_budget and not failures and error is None and not search.finished)
 
 
 def _tunables(search: Search) -> list[Tunable]:

@@ -269,7 +269,7 @@ class Session:
         try:
             end = self._agree(StepReport.of(self.search, a, ex.new_states, ex.tuning_launches, failure,
                                             self._missing_launch(failure), self.online, self.defers,
-                                            self._over_budget(self._clock.tick())))
+                                            self._over_budget(self._clock.tick()), self.comm.world))
         except CollectiveTimeoutError as e:
             self.executor.name_suspects(e)
             raise
@@ -290,7 +290,11 @@ class Session:
         if self.services.quarantine is not None:
             for state in ex.new_states:
                 ex.apply_quarantine(state)
-        ex.finish_compiles(void=False, everywhere=end.compiled, defers=self.defers)
+        ex.finish_compiles(void=False, everywhere=end.compiled, defers=self.defers,
+                           early=any(slots > 0 for _, slots in end.early))
+        for state, slots in end.early:
+            if state.compiling is not None:  # (not gathered after all: the last of them, nothing else left to time)
+                state.early_until = state.next_slot + slots
         self.services.timer.sync()
         if self.checks is not None and self.checks.point_invalid(a, output):
             return False
@@ -416,18 +420,21 @@ class Session:
         raise RankMismatchError together, unless some rank failed the step (its launches need not match)."""
         new = self.executor.new_states
         if not self.comm.active:
-            return schedule.plan([mine], self.search, new, mine.compiled, self.defers, mine.over_budget)
+            return schedule.plan([mine], self.search, new, mine.compiled, self.defers, mine.over_budget, mine.early)
         flags, differing = self.comm.agree(mine.identity(), "agree on the step", mine.explain, payload=mine.flags())
-        compiled = flags[:, 3:].amin(0).tolist() if differing is None else []
+        least = flags[:, 3:].amin(0).tolist() if differing is None else []
+        # (equal identities give every rank as many compile flags; the early slot counts follow them)
+        keys = len(mine.compiled)
+        compiled, early = least[:keys], least[keys:]
         over = bool(flags[0, 2])  # rank 0's clock decides for every rank
         if differing is None and not bool(flags[:, :2].any()):
-            return schedule.plan([mine] * self.comm.world, self.search, new, compiled, self.defers, over)
+            return schedule.plan([mine] * self.comm.world, self.search, new, compiled, self.defers, over, early)
         if differing is None:  # the same step everywhere, but a rank failed or found an error: say which
             differing = self.comm.all_gather_bytes(mine.explain(), "agree on the step: every rank's failures")
         reports = [StepReport(**json.loads(b)) for b in differing]
         if not bool(flags[:, 0].any()) and any(r.identity() != reports[0].identity() for r in reports):
             raise RankMismatchError(_describe_mismatch(reports))
-        return schedule.plan(reports, self.search, new, compiled, self.defers, over)
+        return schedule.plan(reports, self.search, new, compiled, self.defers, over, early)
 
 
 def _describe_mismatch(everyone: list[StepReport]) -> str:

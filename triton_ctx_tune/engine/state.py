@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -384,6 +384,9 @@ class KeyState(Tunable):
     # Configs precompile could not build on some rank (agreed), and why: their launch decides (executor._try).
     rejected: dict[int, str] = field(default_factory=dict)
     disagreed: set[int] = field(default_factory=set)  # of those, the ones whose launch worked here
+    # While its configs compile: the slots below this index are of configs every rank has compiled (agreed at a
+    # step's end, schedule.py), so they are taken and timed before the compiles are gathered.
+    early_until: int = 0
 
     @property
     def config_ids(self) -> tuple[int, ...]:
@@ -406,6 +409,33 @@ class KeyState(Tunable):
         """What ranks must agree on before tuning: kernel, key and the pruned configs in order."""
         where = "" if self.point is None else f" point#{self.point}"
         return f"{self.kernel} key={self.key!r}{where} configs=[{'; '.join(config_str(c) for c in self.configs)}]"
+
+    def times_early(self, world: int) -> bool:
+        """Whether, re-executing, this key may time the configs every rank has compiled while the others still
+        compile: its plan's order of configs is this rank's own (alone, or a split screening's share), and it is
+        neither a budgeted search (its rungs compile as they come) nor judged end to end. Agreed facts only."""
+        return self.budget is None and not self.end_to_end and (world == 1 or self.split)
+
+    def ready_first(self, ready: Collection[int]) -> int:
+        """While this key's configs compile: move the slot groups of the configs in `ready` (compiled on this rank)
+        ahead of the others and return how many slots from next_slot on are theirs (at most all but the plan's last,
+        so that the plan cannot run out before the compiles are gathered). A group is one config's warm-ups and
+        timed slots; every group of the plan's first pass has one shape, so the new order changes which config a
+        slot launches, never where the warm-ups are: the plan keeps the shape every rank agrees on. 0 where the
+        rest of the plan is not such groups."""
+        size = self.screening_warmups() + 1 if self.screening else self.n_warmup + self.n_repeat
+        start = self.next_slot
+        head_end = min(len(self.plan), -(-start // size) * size)  # the rest of the group next_slot is inside of
+        head, rest = self.plan[start:head_end], self.plan[head_end:]
+        groups = [rest[i:i + size] for i in range(0, len(rest), size)]
+        shape = [slot.warmup for slot in self.plan[:size]]
+        if any(len(g) != size or [slot.warmup for slot in g] != shape or len({slot.config for slot in g}) != 1
+               for g in groups) or (head and head[0].config not in ready):
+            return 0
+        first = [g for g in groups if g[0].config in ready]
+        self.plan = self.plan[:head_end] + [slot for g in first + [g for g in groups if g[0].config not in ready]
+                                            for slot in g]
+        return max(0, min(len(head) + size * len(first), len(self.plan) - start - 1))
 
     def step_config(self) -> int:
         """The config every launch of this key runs in a step where it is not the one measured."""
