@@ -195,8 +195,9 @@ class Executor:
         """A launch of a key met in this step: the first of this rank's configs to finish compiling runs.
 
         It stands in for the key's first slot when that is a warm-up (a loaded config needs no other).
-        Which config it is may differ between ranks, so no timed slot is taken: those start in the next
-        step, with every config compiled and loaded."""
+        Which config it is may differ between ranks, so no timed slot is taken: those start once the compiles
+        are gathered, or, for configs every rank has compiled, as soon as a step's end agrees on them
+        (KeyState.ready_first, below early_until)."""
         assert state.compiling is not None
         slot = state.peek()
         # A key that times early (re-executing) stands in only in the step that met it: later, a warm-up's own
