@@ -60,8 +60,8 @@ def test_a_split_screening_times_each_ranks_compiled_configs_before_the_slow_one
     for r in (0, 1):
         log = events(tmp_path / "logs" / "split", r)
         gathered = next(i for i, e in enumerate(log) if e["event"] == "precompile" and e["kernel"] == "late_add_one_")
-        late = [e for e in log if e["event"] == "slot" and e["kernel"] == "late_add_one_"]
-        before = [e for e in late if log.index(e) < gathered]
+        late = [(i, e) for i, e in enumerate(log) if e["event"] == "slot" and e["kernel"] == "late_add_one_"]
+        before = [e for i, e in late if i < gathered]
         assert {e["config_index"] for e in before if e["timed"]} == {r}  # this rank's share, compiled at once
         assert all(e["ran"] != 2 for e in before)
-        assert 2 in {e["config_index"] for e in late if log.index(e) > gathered and e["timed"]}
+        assert 2 in {e["config_index"] for i, e in late if i > gathered and e["timed"]}

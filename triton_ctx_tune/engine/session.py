@@ -293,7 +293,7 @@ class Session:
         ex.finish_compiles(void=False, everywhere=end.compiled, defers=self.defers,
                            early=any(slots > 0 for _, slots in end.early))
         for state, slots in end.early:
-            if state.compiling is not None:  # (not gathered after all: the last of them, nothing else left to time)
+            if state.compiling is not None:  # (finish_compiles gathers it anyway once nothing else is left to time)
                 state.early_until = state.next_slot + slots
         self.services.timer.sync()
         if self.checks is not None and self.checks.point_invalid(a, output):
