@@ -261,7 +261,7 @@ def _decision(n: int) -> dict[str, Any]:
     log = Path(os.environ["TRITON_CTX_TUNE_LOG_DIR"]) / f"rank-{rank()}.jsonl"
     events = [e for line in log.read_text().splitlines() if (e := json.loads(line)).get("key", [None])[:1] == [n]]
     (*_, last) = (e for e in events if e["event"] == "decision")
-    return {"decision": {k: last[k] for k in ("winner", "split", "readmitted", "screened_out")},
+    return {"decision": {k: last[k] for k in ("winner", "split", "readmitted", "screened_out", "raced_out")},
             "screens": [e["kept"] for e in events if e["event"] == "screen"]}
 
 

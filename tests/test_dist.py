@@ -120,14 +120,25 @@ def test_early_stopping_keeps_the_consensus_survivors_on_every_rank(normal_runs)
     rows = results["early_stop"]
     _no_errors(rows)
     assert all(r["ok"] and r["blocks"] == {"(64, 'torch.float32')": 16} for r in rows)
-    # The ranks share the screening: ceil(3 / world) configs x 2 slots each; then the 2 survivors x 2 slots in
-    # lockstep, as a lockstep screening's survivors take (a rank's first launch of a config it did not screen
-    # is its warm-up); the final run.
-    assert {r["executions"] for r in rows} == {2 * -(-3 // world) + 2 * 2 + 1}
+    # The ranks share the screening: ceil(3 / world) configs x 2 slots each; then the 2 survivors' first lockstep
+    # round (a rank's first launch of a config it did not screen is its warm-up). BLOCK 64 (60 ms) is 20% behind
+    # BLOCK 16 (50 ms) on its screening rank, more than RACE_BAND: it leaves, and 16 alone takes the second round
+    # (n_repeat - 1 rounds in all); the final run.
+    assert {r["executions"] for r in rows} == {2 * -(-3 // world) + 2 + 1 + 1}
     for r in range(world):
         events = [json.loads(line) for line in (out / "logs" / f"rank-{r}.jsonl").read_text().splitlines()]
-        screens = [e for e in events if e["event"] == "screen" and e["key"] == [64, "torch.float32"]]
-        assert [e["kept"] for e in screens] == [[0, 2]]
+        screen, = [e for e in events if e["event"] == "screen" and e["key"] == [64, "torch.float32"]]
+        assert screen["kept"] == [0, 2]
+        after = events[next(i for i, e in enumerate(events) if e is screen):]  # (other scenarios tune this key too)
+        mine = [e for e in after if e.get("key") == screen["key"] and e.get("kernel") == screen["kernel"]]
+        raced = [e for e in mine if e["event"] == "lockstep-round"]
+        assert [(e["stay"], e["out"], e["rounds_left"]) for e in raced] == [([0], [2], 0)]
+        assert 1.1 < raced[0]["luckiest"][1] / raced[0]["luckiest"][0] < 1.5
+        decision = next(e for e in mine if e["event"] == "decision")
+        assert decision["raced_out"] == [2] and decision["winner"] == 0
+        # 64's time in the decision is its screening rank's, as the race saw it (the other ranks' one launch of it
+        # was a warm-up), not a failure
+        assert decision["reduced"][2] == pytest.approx(raced[0]["luckiest"][1], rel=0.05)
 
 
 def test_split_screening_gives_the_lockstep_winner_in_fewer_executions(normal_runs):
@@ -141,10 +152,12 @@ def test_split_screening_gives_the_lockstep_winner_in_fewer_executions(normal_ru
         assert split["screens"] == lockstep["screens"] == [[1, 2, 4]]  # 140, 100 and 120 ms: within 1.5x
         assert split["decision"]["split"] is True and lockstep["decision"]["split"] is False
         assert split["decision"]["readmitted"] == [] and split["decision"]["winner"] == 2
-        # Screening: 8 configs x 2 slots in lockstep, ceil(8 / world) x 2 split; then the survivors' 3 x 2 slots
-        # either way; both end with the final run.
-        assert lockstep["executions"] == 8 * 2 + 3 * 2 + 1
-        assert split["executions"] == -(-8 // world) * 2 + 3 * 2 + 1
+        # Screening: 8 configs x 2 slots in lockstep, ceil(8 / world) x 2 split. Then either way the survivors'
+        # first round, after which 140 and 120 ms, over RACE_BAND behind 100 (on every rank, or on their screening
+        # ranks), leave, and 100 alone takes the second. Then the final run.
+        assert lockstep["executions"] == 8 * 2 + 3 + 1 + 1
+        assert split["executions"] == -(-8 // world) * 2 + 3 + 1 + 1
+        assert split["decision"]["raced_out"] == lockstep["decision"]["raced_out"] == [1, 4]
     # Screening executions at this world size against one rank's: 0.5x at 2 ranks, 0.25x at 4.
     assert -(-8 // world) * 2 / (8 * 2) <= 0.5
 

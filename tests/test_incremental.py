@@ -266,15 +266,16 @@ GROWN_18 = (1 + 1 + 4) + 2 * (1 + 4) + 1
 def _full_18():
     assert len(COSTS_18) == 18
     _, full = _tune(_kernel(COSTS_18), **DEFAULTS)
-    # Screening 18 x 2 slots; the 5 within 1.5x of 100 ms (100 to 144) 4 more each (precompiled); the final run.
-    assert full.executions == 18 * 2 + 5 * 4 + 1
+    # Screening 18 x 2 slots; the 5 within 1.5x of 100 ms (100 to 144) a first round each (precompiled), after
+    # which 111 to 144 ms are over RACE_BAND behind and leave, and 100 takes the other 3 rounds alone; the final run.
+    assert full.executions == 18 * 2 + 5 + 3 + 1
     return full
 
 
 def test_a_config_added_to_a_list_of_18_on_the_default_schedule():
     """Counted on the default schedule (n_warmup=3, n_repeat=5, screening at 1.5x), on the CPU with declared,
-    deterministic costs: the new config is screened and timed, the two anchors timed, 17 executions against 57
-    for the full tune of 18 (30%)."""
+    deterministic costs: the new config is screened and timed, the two anchors timed, 17 executions against 45
+    for the full tune of 18 (38%)."""
     full = _full_18()
     grown = _place(COSTS_18, 5, (16, 8), 90.0)  # a 19th config, the new fastest
     events, again = _tune(_kernel(grown), **DEFAULTS)
@@ -282,7 +283,7 @@ def test_a_config_added_to_a_list_of_18_on_the_default_schedule():
     assert inc["new"] == [5] and inc["anchors"] == [0, 1]
     assert _only(events, "decision")["winner"] == 5
     assert _timed_slots(events) == {5: 5, 0: 4, 1: 4}
-    assert again.executions == GROWN_18 == 17 <= 0.3 * full.executions
+    assert again.executions == GROWN_18 == 17 <= 0.38 * full.executions
 
 
 def test_on_the_default_schedule_a_slower_new_config_leaves_the_incumbent():

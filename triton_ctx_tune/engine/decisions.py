@@ -42,6 +42,7 @@ CONFIRM_E2E_CODE = 6  # the same, timed end to end: the key overlapped another s
 READMIT_CODE = 5  # a config a split screening dropped, timed in lockstep after all
 FORCED_CHECK_CODE = 7  # the call's budget is spent, but no config has run on every rank: one lockstep round first
 RACE_CODE = 8  # a candidate that stays in an end-to-end confirmation's race for one more round
+LOCKSTEP_CODE = 9  # a split screening's survivor that stays for the next lockstep round
 POINT_STAT = 2  # the column of a point's end-to-end times that decides it: q80 (_times)
 POINT_SCREEN = 2.5  # the screening factor of a point's kernel keys, at least (_screen_factor)
 BUDGET_CODE = 100  # a budgeted search's next rung: BUDGET_CODE + the config's timed slots in it (budget.py)
@@ -82,8 +83,9 @@ class Decisions:
             if s.screening and s.split:  # each config was screened by one rank: its time is that rank's
                 reduced[i] = per_rank[:, i].amin(0)
                 s.screen_ms = reduced[i, : len(s.configs), 0].tolist()
-            elif s.split:  # the dropped configs keep their one-rank screening times (no other rank ran them)
-                for j in s.dropped:
+            elif s.split:  # the dropped configs keep their one-rank screening times (no other rank ran them), and
+                # the survivors that left the lockstep rounds their luckiest rank's (after the first, one rank's)
+                for j in s.dropped | s.lockstep_out:
                     reduced[i, j] = per_rank[:, i, j].amin(0)
         for i, s in enumerate(finishing):
             if isinstance(s, KeyState) and s.incremental is not None:
@@ -113,6 +115,8 @@ class Decisions:
                         keep[i, choice.winner] = TIE_CODES[choice.tie_break]
             elif s.screening and svc.early_stop:
                 keep[i, screen(self._times(s, reduced[i]), self._screen_factor(s))] = 1
+            elif isinstance(s, KeyState) and s.lockstep_left:
+                keep[i, self._lockstep_stay(s, per_rank[:, i])] = LOCKSTEP_CODE
             elif readmit := self._to_readmit(s, reduced[i]):
                 keep[i, readmit] = READMIT_CODE
             elif isinstance(s, KeyState) and s.confirm_left and len(stay := self._stay(s, reduced[i])) > 1:
@@ -160,6 +164,9 @@ class Decisions:
                 self._confirm(s, kept, times, end_to_end=int(keep[i].max()) == CONFIRM_E2E_CODE)
             elif int(keep[i].max()) == RACE_CODE:
                 self._race(s, kept, times)
+            elif int(keep[i].max()) == LOCKSTEP_CODE:
+                assert isinstance(s, KeyState)
+                self._lockstep_round(s, kept, per_rank[:, i, : len(s.configs), 1].amin(0))
             elif s.forced:  # the call's budget ran out: rank 0's pick, described like any decision
                 assert isinstance(s, KeyState)  # (a forced PointTunable took the first branch)
                 if int(keep[i, kept[0]]) == FORCED_CHECK_CODE:
@@ -321,6 +328,41 @@ class Decisions:
             f"{stay}" + (f"; {out} more than {RACE_BAND:.0%} behind the fastest, {fmt_ms(best)}" if out else ""),
             **_subject_fields(s), stay=stay, out=out, reduced=[float(times[j, 0]) for j in racing],
             rounds_left=s.confirm_left)
+
+    def _lockstep_stay(self, s: KeyState, per_rank: torch.Tensor) -> list[int]:
+        """Rank 0, after a round of a screening's survivors (state.keep): those that stay for the next round.
+
+        Each survivor is judged by the 20th percentile of its samples, on its luckiest rank (after a split
+        screening's first round only the rank that screened it has timed it): one more than RACE_BAND behind the
+        fastest leaves. The percentile, not the median: of two samples it is nearly the faster, and one slow sample
+        (a clock ramp, a neighbour's launch) must not send a near-tie away; the MLP op's GEMM #14 once had 0.410
+        and 0.319 ms beside #13's 0.318, 14.5% behind by their medians. Replayed on the committed logs of 1 and 2
+        H200s from before the race (159 screened keys, 128 of them split; 1230 survivors), 523 would have left
+        after the first round, and every winner and config within 1% of its key's winner was at most 5.6% behind
+        there; on section 49's own runs (168 keys), at most 2.9% (benchmarks/replay_lockstep_race.py, RESULTS.md
+        section 49). Anchors stay (incremental.py scales the carried times with theirs), and so does every
+        survivor of a key whose per-launch time may not be what counts: one that overlapped another stream's
+        work, or whose close candidates are confirmed end to end (_to_confirm)."""
+        if s.overlapped or self._confirms_end_to_end(s):
+            return list(s.lockstep)
+        luck = per_rank[:, : len(s.configs), 1].amin(0).tolist()
+        best = min((luck[j] for j in s.lockstep), default=math.inf)
+        if not math.isfinite(best):
+            return list(s.lockstep)
+        return [j for j in s.lockstep if luck[j] <= best * (1 + RACE_BAND) or j in s.anchors]
+
+    def _lockstep_round(self, s: KeyState, stay: list[int], luckiest: torch.Tensor) -> None:
+        before = list(s.lockstep)
+        s.next_lockstep_round(stay)
+        out = [j for j in before if j not in stay]
+        if not out:
+            return
+        best = min(float(luckiest[j]) for j in stay)
+        self.services.log.write(
+            "lockstep-round", f"survivors {_subject(s)}: {len(stay)} of {len(before)} stay for the next "
+            f"round {stay}; {out} more than {RACE_BAND:.0%} behind the fastest, {fmt_ms(best)}, on their luckiest "
+            "rank", **_subject_fields(s), stay=stay, out=out, luckiest=[float(luckiest[j]) for j in before],
+            rounds_left=s.lockstep_left)
 
     def _share_waves(self, finishing: list[AnyTunable], rungs: dict[int, dict[int, int]]) -> dict[int, dict[int, int]]:
         """Rank 0: the exploring rungs of several seconds-budgeted keys of one kernel, decided in this step, cut to the
@@ -561,16 +603,18 @@ class Decisions:
                       raced_out=sorted(s.raced_out), split=s.split,
                       readmitted=s.readmitted, unexplored=_unexplored(s))
         alike = f"{same} the same binary as another, " if same else ""
+        raced = f"{len(s.lockstep_out)} left the survivors' race, " if s.lockstep_out else ""
         svc.log.summary(f"{svc.function}: {s.kernel} key={s.key!r} -> {{{config_str(best)}}} {fmt_ms(ms)} "
-                        f"({len(s.configs)} configs, {failed} failed, {alike}{len(s.dropped)} screened out, {over}, "
-                        f"{s.tuning_s:.2f} s)")
+                        f"({len(s.configs)} configs, {failed} failed, {alike}{len(s.dropped)} screened out, {raced}"
+                        f"{over}, {s.tuning_s:.2f} s)")
         incremental = self._log_incremental(s) if s.incremental is not None else {}
         lookup = svc.misses.pop(id(s), None)
         if lookup is not None and svc.cache is not None:
             path = svc.cache.store(lookup, s.configs, winner, reduced.tolist(), per_rank.tolist(), dict(s.failures),
                                    {"function": svc.function, "executions": svc.stats.executions,
                                     "tuning_s": s.tuning_s, "n_warmup": s.n_warmup, "n_repeat": s.n_repeat,
-                                    "split": s.split, "screened_out": sorted(s.dropped), **incremental,
+                                    "split": s.split, "screened_out": sorted(s.dropped),
+                                    "lockstep_out": sorted(s.lockstep_out), **incremental,
                                     **self._budget_record(s)},
                                    carried=s.incremental.carried if s.incremental is not None else
                                    _budget_carried(s))

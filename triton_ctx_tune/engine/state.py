@@ -108,6 +108,12 @@ class Tunable:
     split: bool = False
     screen_ms: list[float] | None = None  # each config's screening time, on the one rank that measured it
     launched_here: set[int] = field(default_factory=set)  # split: the configs this rank has launched
+    # A screening's survivors are timed one round at a time, on every rank alike (keep()): the configs in the
+    # current round and the rounds still to plan. Each round's end lets decisions.py drop those far behind (the MLP
+    # op's GEMMs kept 9 or 10 of 18 configs at 1.5x, and 4 rounds of them were 40 of its 75 executions).
+    lockstep: list[int] = field(default_factory=list)
+    lockstep_left: int = 0
+    lockstep_out: set[int] = field(default_factory=set)  # survivors that left (in raced_out too)
     readmitted: list[int] = field(default_factory=list)
     # Budgeted search (budget.py): the plan grows one rung at a time, each decided at the last one's end.
     budget: BudgetSearch | None = None
@@ -200,7 +206,7 @@ class Tunable:
         self.dropped = set(range(len(self.configs))) - set(survivors)
         if self.split:
             # Anchors too take every lockstep slot: their screening sample came from one rank only.
-            self._time_in_lockstep([c for c in survivors if c not in self.carried])
+            self._time_in_lockstep([c for c in survivors if c not in self.carried], one_round=self.races())
             return
         warmups = self.survivor_warmups()
         timed = [c for c in survivors if c not in self.carried]
@@ -208,21 +214,44 @@ class Tunable:
         # them; an anchor was already known to be (the old entry's fastest, or its winner), so its screening
         # sample, which calibrated the screening's scale, counts as the first of those slots: n_repeat - 1
         # samples in all, every round but the last taken in step with the new configs'.
-        self._extend(timed, warmups, self.n_repeat - 1 - bool(self.anchors), interleave=True)
-        if self.anchors:
-            self._extend([c for c in timed if c not in self.anchors], 0, 1, interleave=True)
+        if self.anchors or not self.races():
+            self._extend(timed, warmups, self.n_repeat - 1 - bool(self.anchors), interleave=True)
+            if self.anchors:
+                self._extend([c for c in timed if c not in self.anchors], 0, 1, interleave=True)
+            return
+        # One round at a time, as after a split screening: each round's end may drop the survivors far behind.
+        self._extend(timed, warmups, min(1, self.n_repeat - 1), interleave=True)
+        self.lockstep, self.lockstep_left = timed, max(self.n_repeat - 2, 0)
 
-    def _time_in_lockstep(self, configs: list[int]) -> None:
+    def races(self) -> bool:
+        """Whether a screening's survivors are timed one round at a time, those far behind leaving after each
+        (decisions.py, _lockstep_stay): a kernel key timed per launch, not a function's points."""
+        return False
+
+    def _time_in_lockstep(self, configs: list[int], one_round: bool = False) -> None:
         """After a split screening: every rank takes the same slots of `configs`, round-robin, so every
         rank's data counts and the executions stay in lockstep: as many as a lockstep screening's survivors
         take (n_repeat - 1, at least 2). A rank's first slot of a config it did not screen is its warm-up
-        (loading the kernel); the rank that screened it times every slot and keeps its screening sample."""
+        (loading the kernel); the rank that screened it times every slot and keeps its screening sample.
+        With `one_round`, only the first round is planned, and next_lockstep_round() plans each later one."""
         done = {c: sum(1 for s in self.plan if s.config == c) for c in configs}
-        for i in range(max(self.n_repeat - 1, 2)):
+        rounds = max(self.n_repeat - 1, 2)
+        if one_round:
+            self.lockstep, self.lockstep_left, rounds = list(configs), rounds - 1, 1
+        for i in range(rounds):
             # (the first round loads a config on the ranks that did not screen it: untimed there, never dropped)
             self.plan += [Slot(c, done[c] + i, timed=i > 0 or c in self.launched_here, shape_warmup=False)
                           for c in configs]
         self.launched_here.update(configs)
+
+    def next_lockstep_round(self, stay: list[int]) -> None:
+        """A round of the survivors has run: those in `stay` get the next one, the others leave the race (raced_out).
+        Every rank has launched each survivor by now, so every slot of the round is timed."""
+        self.lockstep_out |= set(self.lockstep) - set(stay)
+        self.raced_out |= self.lockstep_out
+        self.lockstep = [c for c in self.lockstep if c in stay]
+        self.lockstep_left -= 1
+        self._extend(self.lockstep, 0, 1, interleave=True)
 
     def add_rung(self, rung: dict[int, int]) -> None:
         """A budgeted search's next rung, the same on every rank: a config not launched yet takes a warm-up
@@ -409,6 +438,11 @@ class KeyState(Tunable):
         """What ranks must agree on before tuning: kernel, key and the pruned configs in order."""
         where = "" if self.point is None else f" point#{self.point}"
         return f"{self.kernel} key={self.key!r}{where} configs=[{'; '.join(config_str(c) for c in self.configs)}]"
+
+    def races(self) -> bool:
+        # Not a kernel of a function-level point: its point is judged by the call's time, and its close
+        # candidates are confirmed end to end (decisions.py).
+        return self.point is None and not self.end_to_end
 
     def times_early(self, world: int) -> bool:
         """Whether, re-executing, this key may time the configs every rank has compiled while the others still

@@ -289,8 +289,10 @@ def make_entry(ident: dict[str, Any], configs: Sequence[Config], winner: int, re
     def finite(x: float) -> float | None:
         return float(x) if math.isfinite(x) else None  # strict JSON has no Infinity
 
-    # A split screening's dropped configs ran on their screening rank alone: no time elsewhere is no failure.
-    screened = set(tuned.get("screened_out") or ()) if tuned.get("split") else set()
+    # A split screening's dropped configs ran on their screening rank alone: no time elsewhere is no failure; nor
+    # for the survivors that left the lockstep rounds after the first (engine/decisions.py, _lockstep_stay).
+    screened = (set(tuned.get("screened_out") or ()) | set(tuned.get("lockstep_out") or ())
+                if tuned.get("split") else set())
     # A budgeted search's unexplored configs were never run: no time is no failure (engine/budget.py).
     budget = tuned.get("budget")
     explored = set(budget["explored"]) if isinstance(budget, dict) else set(range(len(configs)))

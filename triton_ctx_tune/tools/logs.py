@@ -87,6 +87,9 @@ EVENTS: dict[str, EventSpec] = dict([
     _spec("confirm-round", "an end-to-end confirmation's round ended: the candidates that stay for the next round, "
           "and those out, more than RACE_BAND behind the fastest", "kernel", "key", "point", "stay", "out",
           "reduced", "rounds_left"),
+    _spec("lockstep-round", "a round of a screening's survivors ended (every rank times them alike): those that stay "
+          "for the next round, and those out, more than RACE_BAND behind the fastest on their luckiest rank",
+          "kernel", "key", "point", "stay", "out", "luckiest", "rounds_left"),
     _spec("point-decision", "a function-level winner (autotune())", "function", "winner", "points", "compared",
           "reduced", "reduced_q20", "reduced_q80", "per_rank", "margin", "screened_out", "failures", "kernels",
           "reduce", "stat", "world", "executions", "tuning_s"),

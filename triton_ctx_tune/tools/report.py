@@ -60,7 +60,9 @@ class KeyReport:
     shipped: str | None = None  # a cache hit read from a shipped config file: the file (or "shipped")
     confirmed: list[int] | None = None  # the close candidates re-timed, interleaved, before the decision
     confirm_rounds: int | None = None  # their rounds, per launch (the band is the spread over its square root)
-    raced_out: list[int] = field(default_factory=list)  # of those, the ones an end-to-end race left behind
+    # Left behind by a race: an end-to-end confirmation's candidates (in `confirmed`), or a split screening's
+    # survivors after a lockstep round (not in `confirmed`).
+    raced_out: list[int] = field(default_factory=list)
     end_to_end: bool = False  # decided on whole steps' times (objective, or an overlapped key's confirmation)
     split: bool = False  # screened with each rank taking a share of the configs
     readmitted: list[int] = field(default_factory=list)  # dropped by that screening, timed in lockstep after all
@@ -68,6 +70,8 @@ class KeyReport:
     # Split screening: a dropped config -> the one rank that screened it and whose time it has. The other ranks
     # never ran it, so their missing times are no failure (build() sets it, from the decision's per_rank).
     screened_on: dict[int, int] = field(default_factory=dict)
+    # Survivors that left the lockstep race after its first round: timed on their screening rank alone.
+    lockstep_out: dict[int, int] = field(default_factory=dict)
     unexplored: list[int] = field(default_factory=list)  # a budgeted search never ran them (engine/budget.py)
     # Its rungs that shared their step's compiles with other keys' (rank 0's rung events): configs each left out.
     shared_rungs: list[tuple[int, int]] = field(default_factory=list)
@@ -289,6 +293,7 @@ def add_entry(r: KeyReport, entry: dict[str, Any]) -> None:
     r.stat, r.reduce, r.world = ident.get("stat", "median"), ident.get("reduce", "max"), ident.get("world", 1)
     r.executions, r.tuning_s, r.date = tuned.get("executions"), tuned.get("tuning_s"), tuned.get("date")
     r.split, r.screened_out = bool(tuned.get("split")), [int(j) for j in tuned.get("screened_out") or []]
+    r.raced_out = [int(j) for j in tuned.get("lockstep_out") or []]
 
 
 @dataclass
@@ -433,6 +438,8 @@ IGNORED: dict[str, str] = {
     "confirm": "the close candidates a key re-times; its decision names them (confirmed) with their times after",
     "confirm-round": "a confirmation race's round; its decision names the candidates (confirmed), those the race "
                      "left behind (raced_out) and their times",
+    "lockstep-round": "a round of a screening's survivors; its decision names those that left "
+                      "(raced_out, not among the confirmed) with their times",
     "point-failed": "a point's failure; the point-decision carries every point's failure",
     "validation": "each config's check; an invalid config fails in its key's decision with the reason",
     "cache-stale": "why a cached or shipped entry was not used; the key is then tuned again and its decision read",
@@ -483,7 +490,7 @@ def build(log_dir: Path) -> Report:
     for r in keys.values():
         _find_screening_ranks(r)
         for j in range(len(r.configs)):
-            if j in r.failures or j in r.screened_on or j in r.unexplored:
+            if j in r.failures or j in r.screened_on or j in r.lockstep_out or j in r.unexplored:
                 continue  # a reason is known; or only its screening rank ran it, and has its time
             failed = [rank for rank, row in enumerate(r.per_rank) if j < len(row) and row[j] is None]
             if not failed:
@@ -511,6 +518,10 @@ def _find_screening_ranks(r: KeyReport) -> None:
         timed = [rank for rank, row in enumerate(r.per_rank) if j < len(row) and row[j] is not None]
         if len(timed) == 1:
             r.screened_on[j] = timed[0]
+    for j in r.raced_out:
+        timed = [rank for rank, row in enumerate(r.per_rank) if j < len(row) and row[j] is not None]
+        if j not in (r.confirmed or []) and len(timed) == 1:
+            r.lockstep_out[j] = timed[0]
 
 
 # ---- text -------------------------------------------------------------------------------------
@@ -533,7 +544,7 @@ def _rank_ms(r: KeyReport, rank: int, j: int) -> str:
 
 def _screened_elsewhere(r: KeyReport, j: int) -> bool:
     """Config j was dropped by a split screening, and the rank that screened it is known."""
-    return (r.split and j in r.screened_out and j not in r.carried
+    return j in r.lockstep_out or (r.split and j in r.screened_out and j not in r.carried
             and (j in r.screened_on or any(who.startswith("rank ") for who in r.failures.get(j, {}))))
 
 
@@ -583,6 +594,9 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
         back = (f"; #{', #'.join(map(str, r.readmitted))} dropped there, then timed in lockstep after all"
                 if r.readmitted else "")
         alone = "; a config screened out ran on its screening rank alone" if r.screened_on else ""
+        raced = [j for j in r.raced_out if j not in (r.confirmed or [])]
+        alone += (f"; #{', #'.join(map(str, raced))} left the lockstep rounds early, far behind the fastest"
+                  if raced else "")
         lines.append(f"  screening  split over {r.world} ranks (one rank per config), survivors timed on every "
                      f"rank{back}{alone}")
         for n, (j, rank) in enumerate(sorted(r.screened_on.items())):
@@ -639,6 +653,9 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
             # Why a config that did not win lost: a reader comparing with an exhaustive sweep finds its pick here.
             carried = ("  (carried over, scaled)" if j in r.carried else
                        f"  (screened out on rank {r.screened_on[j]}, not run on the others)" if j in r.screened_on
+                       else f"  (left the lockstep rounds after the first: timed on rank {r.lockstep_out[j]} alone)"
+                       if j in r.lockstep_out
+                       else "  (left the lockstep rounds early)" if j in r.raced_out and j not in (r.confirmed or [])
                        else "  (screened out: its screening time)" if (j in r.screened_out and j != r.winner
                                                                       and j not in r.failures)
                        else "  (per launch: not among the candidates re-timed end to end)"
@@ -660,7 +677,8 @@ def _confirmed_line(r: KeyReport) -> str:
         return f"confirmed  {names} re-timed interleaved before the decision"
     margin = min(others) / best - 1
     ahead = f"ahead by {margin:.1%}" if margin >= 0 else f"within the tie band, {-margin:.1%} behind the fastest"
-    out = f"; {', '.join(f'#{j}' for j in r.raced_out)} left the race after a round, far behind" if r.raced_out else ""
+    raced = [j for j in r.raced_out if j in r.confirmed]
+    out = f"; {', '.join(f'#{j}' for j in raced)} left the race after a round, far behind" if raced else ""
     return f"confirmed  {names} re-timed interleaved before the decision: #{r.winner} {ahead}{out}"
 
 
