@@ -1,12 +1,12 @@
 """Replay the survivors' race (engine/decisions.py, _lockstep_stay) on committed tuning logs.
 
-After a screening, each survivor's first round gives it a second sample: on every rank, or after a split screening
-on the rank that screened it alone. The race drops a survivor whose luckiest rank's median is more than RACE_BAND
-behind the fastest's. This script reads the rank logs in the committed archives (benchmarks/results/*/*.tgz, runs
-of 1 and 2 ranks), rebuilds each screened key's samples after that round from its slot events, and counts the
-survivors that would leave; and, for the configs that mattered (each key's winner, and every config whose final
-time is within 1% of the winner's), how far behind they were then. None of those may leave. Keys decided end to
-end, or of a function-level point, do not race.
+After a screening, each survivor's first round gives it a second sample: on every rank, or after a split
+screening on the rank that screened it alone. The race drops a survivor whose fastest sample on its luckiest rank
+is more than RACE_BAND behind the fastest's. This script reads the rank logs in the committed archives
+(benchmarks/results/*/*.tgz, runs of 1 and 2 ranks), rebuilds each screened key's samples after that round from
+its slot events, and counts the survivors that would leave; and, for the configs that mattered (each key's
+winner, and every config whose final time is within 1% of the winner's), how far behind they were then. None of
+those may leave. Keys decided end to end, or of a function-level point, do not race.
 
     python benchmarks/replay_lockstep_race.py [archive.tgz ...]
 """
@@ -90,8 +90,8 @@ def replay(archives: list[Path]) -> Replay:
                 taken = [ms for ms in (samples[k][r].get(j, []) for r in sorted(samples[k])) if len(ms) >= 2]
                 if d.get("split"):  # its screening rank alone has two samples after the first round: the earliest
                     taken = sorted(taken)[:1]
-                if taken:  # the 20th percentile of its two samples (state.summarize), on its luckiest rank
-                    luck[j] = min(_q20([m for _, m in ms[:2]]) for ms in taken)
+                if taken:  # the fastest of its two samples, on its luckiest rank
+                    luck[j] = min(m for ms in taken for _, m in ms[:2])
             if not luck:
                 continue
             best = min(luck.values())
@@ -107,11 +107,6 @@ def replay(archives: list[Path]) -> Replay:
                     if j in leaving:
                         out.lost.append(f"{d['kernel']} {d['key']} #{j} ({t / best:.3f}x)")
     return out
-
-
-def _q20(values: list[float]) -> float:
-    a, b = sorted(values)
-    return a + 0.2 * (b - a)
 
 
 def committed(until: str = "~") -> list[Path]:

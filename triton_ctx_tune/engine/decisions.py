@@ -73,10 +73,12 @@ class Decisions:
         now (the session's StepClock), which rank 0 prices a seconds budget's next rung with."""
         svc = self.services
         width = max(len(s.configs) for s in finishing)
-        local = torch.full((len(finishing), width, 3), math.inf, dtype=torch.float64)
+        # Per config: the statistic, its 20th and 80th percentiles, and the fastest sample (_lockstep_stay).
+        local = torch.full((len(finishing), width, 4), math.inf, dtype=torch.float64)
         for i, s in enumerate(finishing):
-            local[i, : len(s.configs)] = torch.tensor(s.local_stats(svc.opts.stat), dtype=torch.float64)
-        per_rank = svc.comm.all_gather(local, "gather timings")  # [world, states, configs, 3]
+            local[i, : len(s.configs), :3] = torch.tensor(s.local_stats(svc.opts.stat), dtype=torch.float64)
+            local[i, : len(s.configs), 3] = torch.tensor(s.local_fastest(), dtype=torch.float64)
+        per_rank = svc.comm.all_gather(local, "gather timings")  # [world, states, configs, 4]
         per_rank = torch.nan_to_num(per_rank, nan=math.inf, posinf=math.inf)
         reduced = per_rank.amax(0) if svc.opts.reduce == "max" else per_rank.mean(0)
         for i, s in enumerate(finishing):
@@ -137,7 +139,7 @@ class Decisions:
         hold = svc.search.hold_screened_kernels()
         for i, s in enumerate(finishing):
             kept = keep[i, : len(s.configs)].nonzero().flatten().tolist()
-            times = reduced[i, : len(s.configs)]
+            times = reduced[i, : len(s.configs), :3]  # (the fastest sample, column 3, is the race's alone)
             if isinstance(s, PointTunable):
                 if s.screening:
                     # Even a single survivor gets its kernels' full tuning, then its timed steps.
@@ -166,7 +168,7 @@ class Decisions:
                 self._race(s, kept, times)
             elif int(keep[i].max()) == LOCKSTEP_CODE:
                 assert isinstance(s, KeyState)
-                self._lockstep_round(s, kept, per_rank[:, i, : len(s.configs), 1].amin(0))
+                self._lockstep_round(s, kept, per_rank[:, i, : len(s.configs), 3].amin(0))
             elif s.forced:  # the call's budget ran out: rank 0's pick, described like any decision
                 assert isinstance(s, KeyState)  # (a forced PointTunable took the first branch)
                 if int(keep[i, kept[0]]) == FORCED_CHECK_CODE:
@@ -332,20 +334,20 @@ class Decisions:
     def _lockstep_stay(self, s: KeyState, per_rank: torch.Tensor) -> list[int]:
         """Rank 0, after a round of a screening's survivors (state.keep): those that stay for the next round.
 
-        Each survivor is judged by the 20th percentile of its samples, on its luckiest rank (after a split
-        screening's first round only the rank that screened it has timed it): one more than RACE_BAND behind the
-        fastest leaves. The percentile, not the median: of two samples it is nearly the faster, and one slow sample
-        (a clock ramp, a neighbour's launch) must not send a near-tie away; the MLP op's GEMM #14 once had 0.410
-        and 0.319 ms beside #13's 0.318, 14.5% behind by their medians. Replayed on the committed logs of 1 and 2
-        H200s from before the race (159 screened keys, 128 of them split; 1230 survivors), 523 would have left
-        after the first round, and every winner and config within 1% of its key's winner was at most 5.6% behind
-        there; on section 49's own runs (168 keys), at most 2.9% (benchmarks/replay_lockstep_race.py, RESULTS.md
+        Each survivor is judged by its fastest sample, on its luckiest rank (after a split screening's first round
+        only the rank that screened it has timed it): one more than RACE_BAND behind the fastest leaves. Its fastest
+        sample, since a slow one (a clock ramp, a neighbour's launch) must not send a near-tie away: the MLP op's
+        GEMM #14 once had 0.410 and 0.319 ms beside #13's 0.318, and an FLA key's winner 0.035 and 0.209 ms, 1.9x
+        behind by the 20th percentile of the two. Replayed on the committed logs of 1 and 2 H200s from before the
+        race (159 screened keys, 128 of them split; 1230 survivors), 518 would have left after the first
+        round, and every winner and config within 1% of its key's winner was at most 6.4% behind there; on
+        section 49's own runs (184 keys), at most 3.4% (benchmarks/replay_lockstep_race.py, RESULTS.md
         section 49). Anchors stay (incremental.py scales the carried times with theirs), and so does every
         survivor of a key whose per-launch time may not be what counts: one that overlapped another stream's
         work, or whose close candidates are confirmed end to end (_to_confirm)."""
         if s.overlapped or self._confirms_end_to_end(s):
             return list(s.lockstep)
-        luck = per_rank[:, : len(s.configs), 1].amin(0).tolist()
+        luck = per_rank[:, : len(s.configs), 3].amin(0).tolist()
         best = min((luck[j] for j in s.lockstep), default=math.inf)
         if not math.isfinite(best):
             return list(s.lockstep)
@@ -687,7 +689,7 @@ def _carry_over(s: KeyState, reduced: torch.Tensor, per_rank: torch.Tensor) -> N
     if s.scale is None:
         return  # nothing to put them on today's scale with: they stay without a time
     for j, (stats, ranks) in s.incremental.carried_times(s.scale).items():
-        reduced[j] = torch.tensor(stats, dtype=reduced.dtype)
+        reduced[j, :3] = torch.tensor(stats, dtype=reduced.dtype)
         per_rank[:, j, 0] = torch.tensor(ranks, dtype=per_rank.dtype)
 
 
@@ -715,7 +717,7 @@ def _carry_prior(s: KeyState, reduced: torch.Tensor, per_rank: torch.Tensor) -> 
     now = b.current_times(reduced[: len(s.configs), 0].tolist())
     for j in b.prior.explored - b.launched:
         if math.isfinite(now[j]):
-            reduced[j] = torch.tensor([now[j]] * 3, dtype=reduced.dtype)
+            reduced[j] = torch.tensor([now[j]] * 4, dtype=reduced.dtype)
             per_rank[:, j, 0] = now[j]
 
 

@@ -381,6 +381,15 @@ class Tunable:
         """What ranks must agree on before tuning."""
         raise NotImplementedError
 
+    def local_fastest(self) -> list[float]:
+        """Per config its fastest sample in ms; +inf for failed or unmeasured (the survivors' race judges by it)."""
+        out = []
+        for i, taken in enumerate(self.samples):
+            values = [s() for s in taken]
+            bad = i in self.failures or not values or any(math.isnan(v) for v in values)
+            out.append(math.inf if bad else min(values))
+        return out
+
     def local_stats(self, stat: str, samples: list[list[Callable[[], float]]] | None = None
                     ) -> list[tuple[float, float, float]]:
         """Per config (statistic, 20th, 80th percentile) in ms; +inf for failed or unmeasured."""
