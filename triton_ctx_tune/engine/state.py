@@ -381,26 +381,24 @@ class Tunable:
         """What ranks must agree on before tuning."""
         raise NotImplementedError
 
-    def local_fastest(self) -> list[float]:
-        """Per config its fastest sample in ms; +inf for failed or unmeasured (the survivors' race judges by it)."""
-        out = []
-        for i, taken in enumerate(self.samples):
+    def _measured(self, samples: list[list[Callable[[], float]]] | None = None) -> list[list[float] | None]:
+        """Per config its samples in ms; None for failed or unmeasured."""
+        out: list[list[float] | None] = []
+        for i, taken in enumerate(self.samples if samples is None else samples):
             values = [s() for s in taken]
             bad = i in self.failures or not values or any(math.isnan(v) for v in values)
-            out.append(math.inf if bad else min(values))
+            out.append(None if bad else values)
         return out
+
+    def local_fastest(self) -> list[float]:
+        """Per config its fastest sample in ms; +inf for failed or unmeasured (the survivors' race judges by it)."""
+        return [math.inf if values is None else min(values) for values in self._measured()]
 
     def local_stats(self, stat: str, samples: list[list[Callable[[], float]]] | None = None
                     ) -> list[tuple[float, float, float]]:
         """Per config (statistic, 20th, 80th percentile) in ms; +inf for failed or unmeasured."""
-        out = []
-        for i, taken in enumerate(self.samples if samples is None else samples):
-            values = [s() for s in taken]
-            if i in self.failures or not values or any(math.isnan(v) for v in values):
-                out.append((math.inf, math.inf, math.inf))
-            else:
-                out.append(summarize(values, stat))
-        return out
+        return [(math.inf, math.inf, math.inf) if values is None else summarize(values, stat)
+                for values in self._measured(samples)]
 
 
 @dataclass(kw_only=True)

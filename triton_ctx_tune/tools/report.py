@@ -60,8 +60,8 @@ class KeyReport:
     shipped: str | None = None  # a cache hit read from a shipped config file: the file (or "shipped")
     confirmed: list[int] | None = None  # the close candidates re-timed, interleaved, before the decision
     confirm_rounds: int | None = None  # their rounds, per launch (the band is the spread over its square root)
-    # Left behind by a race: an end-to-end confirmation's candidates (in `confirmed`), or a split screening's
-    # survivors after a lockstep round (not in `confirmed`).
+    # Left behind by a race: an end-to-end confirmation's candidates (in `confirmed`), or a screening's survivors
+    # after one of their rounds (not in `confirmed`).
     raced_out: list[int] = field(default_factory=list)
     end_to_end: bool = False  # decided on whole steps' times (objective, or an overlapped key's confirmation)
     split: bool = False  # screened with each rank taking a share of the configs
