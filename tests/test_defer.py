@@ -5,9 +5,14 @@ agreed fact (their flags ride along with the step's agreement), and meanwhile it
 """
 from __future__ import annotations
 
-import pytest
+import math
+import time
 
-from tests.defer_worker import events, tune
+import pytest
+import torch
+
+from tests.defer_worker import events, late_add_one_, tune
+from tests.kernels import DEVICE, autotuner
 from tests.test_dist import run_ranks
 
 
@@ -33,6 +38,43 @@ def test_a_key_still_compiling_does_not_hold_up_the_keys_that_are_ready(tmp_path
     # BLOCK 16 and 32 compiled at once: timed while BLOCK 64 compiled for 2 s (BLOCK 128 queued behind it)
     _deferred(events(tmp_path), early={0, 1})
     assert result["executions"] == 17  # 22 before configs were timed early
+
+
+def test_the_keys_met_in_a_step_share_one_least_wait():
+    """A step's end waits at least EARLY_WAIT_S for the keys it met that can time their compiled configs early,
+    once for all of them: the MLP op's first execution meets three keys and its end waited 50 ms for each. Here two
+    keys (BLOCK 64 compiles for 2 s in each) are past that shared wait: neither waits for its slow config."""
+    from triton_ctx_tune.compile import precompile
+    from triton_ctx_tune.engine import schedule
+    from triton_ctx_tune.engine.state import KeyState
+    from triton_ctx_tune.runtime import compat
+    from triton_ctx_tune.runtime.collectives import Collectives
+
+    at = autotuner(late_add_one_)
+    states = []
+    for n in (64, 96):
+        x = torch.zeros(n, device=DEVICE)
+        kwargs = {"grid": (1,), "warmup": False}
+        state = KeyState(autotuner=at, key=compat.tuning_key(at, (x, n), kwargs), configs=list(at.configs),
+                         n_warmup=1, n_repeat=2, kernel=compat.kernel_name(at), early_stop=1.5)
+        state.compiling = precompile.start(state, (x, n), kwargs, Collectives(False), threads=2,
+                                           timeout_s=math.inf, workers=0)
+        states.append(state)
+    deadline = time.monotonic() + 30
+    while not all(s.compiling.ready_here() for s in states) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all(s.compiling.ready_here() for s in states)
+    now = time.monotonic()
+    for state in states:
+        schedule._wait_for_share(state, grace_ends=now + 30, early_ends=now - 1)  # the shared wait is over
+        assert not state.compiling.done  # its compiled configs are timed first: BLOCK 64 is still compiling
+        assert state.ready_first(state.compiling.ready_here()) > 0
+    # Where no compiled config could be timed early, the key waits out its grace (here: until its share ends).
+    schedule._wait_for_share(states[0], grace_ends=time.monotonic() + 30, early_ends=None)
+    assert states[0].compiling.done
+    for state in states:
+        done = state.compiling.finish(Collectives(False))
+        assert sorted(done.mine) == [0, 1, 2, 3] and not done.failures
 
 
 @pytest.mark.dist

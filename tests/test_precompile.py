@@ -231,6 +231,38 @@ def test_the_rest_compile_smallest_key_first():
     assert order == ["small", "big"]  # a key of 6 configs is not held behind one of 48
 
 
+def test_a_large_keys_last_config_is_not_held_behind_a_small_key_met_after_it():
+    """The gate counts what each key has left waiting, not its size: the MLP op's GEMM key (18 configs) had one
+    config left to start when GELU (8 configs) was met; GELU's seven went first and that config ended the GEMM
+    key's compile 0.1 s after the rest (RESULTS.md section 50)."""
+    from triton_ctx_tune.compile.precompile import CompileGate
+
+    gate, order = CompileGate(), []
+    holder = gate.enter(False, 2, size=18, key="gemm")  # width 2: the one place is taken
+
+    def wait(name: str, size: int, key: str) -> None:
+        release = gate.enter(False, 2, size=size, key=key)
+        order.append(name)
+        release()
+
+    threads = [threading.Thread(target=wait, args=(f"gelu{i}", 8, "gelu")) for i in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while sum(gate._queued.values()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    last = threading.Thread(target=wait, args=("gemm", 18, "gemm"))  # asks after all three
+    last.start()
+    while sum(gate._queued.values()) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert order == [] and dict(gate._queued) == {"gelu": 3, "gemm": 1}
+    holder()
+    for t in [*threads, last]:
+        t.join(10)
+    assert order[0] == "gemm" and sorted(order[1:]) == ["gelu0", "gelu1", "gelu2"]
+    assert gate._rest == 0 and not gate._waiting and not gate._queued
+
+
 def test_a_config_waiting_for_another_keys_compile_steps_out_of_its_place():
     """A config whose binary another key compiles waits for it outside the gate: holding its place, two keys that
     split a rung's binaries filled the gate with waiters, and the configs that would compile waited behind them."""

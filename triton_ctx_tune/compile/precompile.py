@@ -44,12 +44,12 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import heapq
 import itertools
 import math
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -440,7 +440,8 @@ class _BatchCompile:
 
     def enter_gate(self, i: int) -> Place:
         place = self.gate_places[i] = GATE.enter(i == self.first, self.threads,
-                                                 len(self.state.configs) + (1 << 30 if self.later else 0))
+                                                 len(self.state.configs) + (CompileGate._LATER if self.later else 0),
+                                                 key=id(self.state))
         return place
 
     def _stepped_out(self, i: int) -> Any:
@@ -662,41 +663,58 @@ class CompileGate:
     Each key used to compile on threads of its own, all side by side: a key met late in an execution
     waited behind the earlier keys' configs (FLA's step, 159 configs, on one H200: 19.6 s in the first
     online call). Now every key met waits for its own first config, compiled beside at most `width - 1`
-    others. The rest go smallest key first (fewest configs; then in the order asked): online, a key is
-    decided only once all its configs are compiled, so a key of 6 configs met after three of 48 no
-    longer waits for their 141 (FLA's chunk_bwd_kernel_dqkwg: undecided after 300 calls)."""
+    others. The rest go fewest waiting first: the key with the fewest configs queued here, then the smaller
+    key, then in the order asked. Online, a key is decided only once all its configs are compiled, so a key
+    of 6 configs met after three of 48 no longer waits for their 141 (FLA's chunk_bwd_kernel_dqkwg: undecided
+    after 300 calls). Counting what is left to queue rather than the key's size, a large key's last config is
+    not held behind a small key met after it: the MLP op's GEMM config 1 (0.33 s) waited for GELU's 7 configs,
+    met 0.35 s in, and ended the key's compile 0.1 s after its other configs (RESULTS.md section 50)."""
+
+    _LATER = 1 << 30  # a `size` at least this: behind every other config (another rank's share, stolen)
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._rest = 0
-        self._waiting: list[tuple[int, int]] = []  # a heap of (key's configs, ticket number)
+        self._waiting: dict[int, tuple[int, object]] = {}  # ticket number: (size, key)
+        self._queued: Counter[object] = Counter()  # per key, its configs waiting here
         self._tickets = itertools.count()
 
-    def enter(self, first: bool, width: int, size: int = 0) -> Place:
-        """Wait for a place (a first config never waits; `size`: its key's configs); returns it. Its release
-        is idempotent: a compile abandoned at its deadline gives its place back, while its thread may never end.
-        At exit it returns at once, without a place (its caller compiles nothing)."""
+    def enter(self, first: bool, width: int, size: int = 0, key: object = None) -> Place:
+        """Wait for a place (a first config never waits; `size`: its key's configs; `key`: whose configs are
+        counted together); returns it. Its release is idempotent: a compile abandoned at its deadline gives
+        its place back, while its thread may never end. At exit it returns at once, without a place (its
+        caller compiles nothing)."""
         place = Place(self if not first else None, width)
-        if first or not self.take(width, size):
+        if first or not self.take(width, size, key):
             place.held = False
         return place
 
-    def take(self, width: int, size: int) -> bool:
-        """Wait for a place, in order of `size` (-1: ahead of every config queued), then of asking; False at
-        exit (no place taken)."""
-        ticket = (size, next(self._tickets))
+    def _rank(self, ticket: int) -> tuple[int, int, int, int]:
+        size, key = self._waiting[ticket]
+        # (-1: a config coming back from outside its place, ahead of every other; then the others; then later)
+        band = -1 if size < 0 else 1 if size >= self._LATER else 0
+        return band, self._queued[key] if key is not None else 1, size, ticket
+
+    def _head(self) -> int:
+        return min(self._waiting, key=self._rank)
+
+    def take(self, width: int, size: int, key: object = None) -> bool:
+        """Wait for a place, in the gate's order (`size` -1: ahead of every config queued); False at exit (no
+        place taken)."""
+        ticket = next(self._tickets)
         with self._cond:
-            heapq.heappush(self._waiting, ticket)
+            self._waiting[ticket] = (size, key)
+            self._queued[key] += 1
             self._cond.wait_for(lambda: _EXITING.is_set()
-                                or (self._rest < max(1, width - 1) and self._waiting[0] == ticket))
+                                or (self._rest < max(1, width - 1) and self._head() == ticket))
+            del self._waiting[ticket]
+            self._queued[key] -= 1
+            if not self._queued[key]:
+                del self._queued[key]
+            self._cond.notify_all()  # the next ticket may have a place too (or, at exit, see it)
             if _EXITING.is_set():
-                self._waiting.remove(ticket)
-                heapq.heapify(self._waiting)
-                self._cond.notify_all()
                 return False
-            heapq.heappop(self._waiting)
             self._rest += 1
-            self._cond.notify_all()  # the next ticket may have a place too
             return True
 
     def give(self) -> None:

@@ -83,11 +83,11 @@ class StepReport:
         early: list[int] = []
         if online or defers:
             fresh = {id(s) for s in new}
-            grace_ends = time.monotonic() + DEFER_GRACE_S
+            grace_ends, early_ends = time.monotonic() + DEFER_GRACE_S, _early_ends(new)
             for s in compiling_keys(search, new, with_new=defers and not online):
                 timed_early = defers and not online and s.times_early(world)
                 if id(s) in fresh:  # met just now: a share that ends within the grace is gathered now, as ever
-                    _wait_for_share(s, grace_ends, timed_early)
+                    _wait_for_share(s, grace_ends, early_ends if timed_early else None)
                 compiled.append(int(s.compiling.done))
                 early.append(s.ready_first(s.compiling.ready_here()) if timed_early else 0)
         return StepReport([s.describe() for s in new], launches,
@@ -96,22 +96,34 @@ class StepReport:
                           over_budget, early)
 
 
-def _wait_for_share(state: KeyState, grace_ends: float, timed_early: bool) -> None:
+def _wait_for_share(state: KeyState, grace_ends: float, early_ends: float | None) -> None:
     """The grace of a key met in this step: wait for its share until it ends, or, where the key can time its
-    compiled configs early, only until one of them is compiled here (after at least EARLY_WAIT_S): the rest of
-    the grace is better spent timing it (the MLP op's first GEMM key, 2 H200s: 5 of its 9 configs compiled when
-    the first execution ended, the slowest 0.2 s later)."""
-    if timed_early:
-        state.compiling.wait(min(EARLY_WAIT_S, max(0.0, grace_ends - time.monotonic())))
+    compiled configs early (`early_ends` given), only until one of them is compiled here (and at least until
+    `early_ends`: _early_ends): the rest of the grace is better spent timing it (the
+    MLP op's first GEMM key, 2 H200s: 5 of its 9 configs compiled when the first execution ended, the slowest
+    0.2 s later)."""
+    assert state.compiling is not None
+    if early_ends is not None:
+        state.compiling.wait(max(0.0, min(early_ends, grace_ends) - time.monotonic()))
         if state.compiling.done or state.ready_first(state.compiling.ready_here()) > 0:
             return
     state.compiling.wait(max(0.0, grace_ends - time.monotonic()))
 
 
+def _early_ends(new: list[KeyState]) -> float:
+    """When the least wait of the keys met in this step ends: EARLY_WAIT_S after the first of them started
+    compiling, shared by all of them. One per key from the step's end, the MLP op's first execution (three keys
+    met, the last 0.6 s in) ended 50 ms after each: 0.11 to 0.16 s on one H200 (RESULTS.md section 50)."""
+    started = [s.compiling.started for s in new if s.compiling is not None]
+    waited = time.perf_counter() - min(started) if started else 0.0
+    return time.monotonic() + max(0.0, EARLY_WAIT_S - waited)
+
+
 # Re-executing, how long a step's end waits for the compiles of a key met in that step before it may defer them:
 # a key whose share ends in time is gathered at once, as without deferral (CPU runs, warm caches, small keys).
 DEFER_GRACE_S = 0.25
-# The least of it a key that can time its compiled configs early waits (a CPU run's compiles all end within it).
+# The least of it the keys that can time their compiled configs early wait, from the step's first compile on (a CPU
+# run's compiles all end within it).
 EARLY_WAIT_S = 0.05
 
 
