@@ -255,12 +255,44 @@ def test_a_large_keys_last_config_is_not_held_behind_a_small_key_met_after_it():
     last.start()
     while sum(gate._queued.values()) < 4 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert order == [] and dict(gate._queued) == {"gelu": 3, "gemm": 1}
+    assert order == [] and dict(gate._queued) == {(0, "gelu"): 3, (0, "gemm"): 1}
     holder()
     for t in [*threads, last]:
         t.join(10)
     assert order[0] == "gemm" and sorted(order[1:]) == ["gelu0", "gelu1", "gelu2"]
     assert gate._rest == 0 and not gate._waiting and not gate._queued
+
+
+def test_a_keys_configs_from_other_ranks_shares_wait_behind_and_count_apart():
+    """Other ranks' configs a rank's workers take once its own share is done (size + _LATER) wait behind every own
+    config, and are counted apart: key b's 3 of them do not put its own config behind key a's 2."""
+    from triton_ctx_tune.compile.precompile import CompileGate
+
+    gate, order = CompileGate(), []
+    holder = gate.enter(False, 2, size=4, key="a")
+    later = CompileGate._LATER
+
+    def wait(name: str, size: int, key: str) -> None:
+        release = gate.enter(False, 2, size=size, key=key)
+        order.append(name)
+        release()
+
+    asks = [("b-later0", 4 + later, "b"), ("b-later1", 4 + later, "b"), ("b-later2", 4 + later, "b"),
+            ("a0", 4, "a"), ("a1", 4, "a"), ("b0", 4, "b")]
+    threads = []
+    deadline = time.monotonic() + 10
+    for n, ask in enumerate(asks, 1):
+        threads.append(threading.Thread(target=wait, args=ask))
+        threads[-1].start()
+        while sum(gate._queued.values()) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert dict(gate._queued) == {(1, "b"): 3, (0, "a"): 2, (0, "b"): 1}
+    holder()
+    for t in threads:
+        t.join(10)
+    assert order[0] == "b0" and sorted(order[1:3]) == ["a0", "a1"] and sorted(order[3:]) == ["b-later0", "b-later1",
+                                                                                          "b-later2"]
+    assert gate._rest == 0 and not gate._waiting and not gate._queued and gate._first is None
 
 
 def test_a_config_waiting_for_another_keys_compile_steps_out_of_its_place():

@@ -676,7 +676,8 @@ class CompileGate:
         self._cond = threading.Condition()
         self._rest = 0
         self._waiting: dict[int, tuple[int, object]] = {}  # ticket number: (size, key)
-        self._queued: Counter[object] = Counter()  # per key, its configs waiting here
+        self._queued: Counter[tuple[int, object]] = Counter()  # per band and key, its configs waiting here
+        self._first: int | None = None  # the ticket served next
         self._tickets = itertools.count()
 
     def enter(self, first: bool, width: int, size: int = 0, key: object = None) -> Place:
@@ -691,26 +692,35 @@ class CompileGate:
 
     def _rank(self, ticket: int) -> tuple[int, int, int, int]:
         size, key = self._waiting[ticket]
-        # (-1: a config coming back from outside its place, ahead of every other; then the others; then later)
-        band = -1 if size < 0 else 1 if size >= self._LATER else 0
-        return band, self._queued[key] if key is not None else 1, size, ticket
+        band = self._band(size)
+        return band, self._queued[band, key] if key is not None else 1, size, ticket
 
-    def _head(self) -> int:
-        return min(self._waiting, key=self._rank)
+    def _band(self, size: int) -> int:
+        # -1: a config coming back from outside its place, ahead of every other; then the others; then later ones
+        return -1 if size < 0 else 1 if size >= self._LATER else 0
+
+    def _queue(self, ticket: int, entry: tuple[int, object] | None) -> None:
+        """Add a ticket (`entry`: its size and key) or take it out (None), and find the next one served. The
+        head is found here, once per change, not by every waiter at every wake-up."""
+        if entry is not None:
+            self._waiting[ticket] = entry
+        size, key = entry if entry is not None else self._waiting.pop(ticket)
+        counted = (self._band(size), key)
+        self._queued[counted] += 1 if entry is not None else -1
+        if not self._queued[counted]:
+            del self._queued[counted]
+        self._first = min(self._waiting, key=self._rank) if self._waiting else None
 
     def take(self, width: int, size: int, key: object = None) -> bool:
         """Wait for a place, in the gate's order (`size` -1: ahead of every config queued); False at exit (no
         place taken)."""
         ticket = next(self._tickets)
         with self._cond:
-            self._waiting[ticket] = (size, key)
-            self._queued[key] += 1
+            self._queue(ticket, (size, key))
+            self._cond.notify_all()  # (a new head: the ticket it displaced must see it)
             self._cond.wait_for(lambda: _EXITING.is_set()
-                                or (self._rest < max(1, width - 1) and self._head() == ticket))
-            del self._waiting[ticket]
-            self._queued[key] -= 1
-            if not self._queued[key]:
-                del self._queued[key]
+                                or (self._rest < max(1, width - 1) and self._first == ticket))
+            self._queue(ticket, None)
             self._cond.notify_all()  # the next ticket may have a place too (or, at exit, see it)
             if _EXITING.is_set():
                 return False
