@@ -98,10 +98,9 @@ class StepReport:
 
 def _wait_for_share(state: KeyState, grace_ends: float, early_ends: float | None) -> None:
     """The grace of a key met in this step: wait for its share until it ends, or, where the key can time its
-    compiled configs early (`early_ends` given), only until one of them is compiled here (and at least until
-    `early_ends`: _early_ends): the rest of the grace is better spent timing it (the
-    MLP op's first GEMM key, 2 H200s: 5 of its 9 configs compiled when the first execution ended, the slowest
-    0.2 s later)."""
+    compiled configs early (`early_ends` given), only until one of them is compiled here and `early_ends` has
+    passed (_early_ends): the rest of the grace is better spent timing it (the MLP op's first GEMM key, 2 H200s:
+    5 of its 9 configs compiled when the first execution ended, the slowest 0.2 s later)."""
     assert state.compiling is not None
     if early_ends is not None:
         state.compiling.wait(max(0.0, min(early_ends, grace_ends) - time.monotonic()))
@@ -112,8 +111,9 @@ def _wait_for_share(state: KeyState, grace_ends: float, early_ends: float | None
 
 def _early_ends(new: list[KeyState]) -> float:
     """When the least wait of the keys met in this step ends: EARLY_WAIT_S after the first of them started
-    compiling, shared by all of them. One per key from the step's end, the MLP op's first execution (three keys
-    met, the last 0.6 s in) ended 50 ms after each: 0.11 to 0.16 s on one H200 (RESULTS.md section 50)."""
+    compiling, one wait for all of them. A CPU run's short step still waits it; a first execution that ran for
+    0.5 s does not. Counted per key from the step's end, the MLP op's first execution (three keys met, the last
+    0.5 s in) ended 0.11 to 0.16 s after its last launch on one H200 (RESULTS.md section 50)."""
     started = [s.compiling.started for s in new if s.compiling is not None]
     waited = time.perf_counter() - min(started) if started else 0.0
     return time.monotonic() + max(0.0, EARLY_WAIT_S - waited)
