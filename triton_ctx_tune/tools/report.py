@@ -515,13 +515,22 @@ def _find_screening_ranks(r: KeyReport) -> None:
     for j in r.screened_out:
         if j in r.carried:
             continue  # carried over from an earlier tuning: not screened in this one
-        timed = [rank for rank, row in enumerate(r.per_rank) if j < len(row) and row[j] is not None]
-        if len(timed) == 1:
+        if len(timed := _timed_on(r, j)) == 1:
             r.screened_on[j] = timed[0]
-    for j in r.raced_out:
-        timed = [rank for rank, row in enumerate(r.per_rank) if j < len(row) and row[j] is not None]
-        if j not in (r.confirmed or []) and len(timed) == 1:
+    for j in _left_lockstep(r):
+        if len(timed := _timed_on(r, j)) == 1:
             r.lockstep_out[j] = timed[0]
+
+
+def _timed_on(r: KeyReport, j: int) -> list[int]:
+    """The ranks that have a time for config j."""
+    return [rank for rank, row in enumerate(r.per_rank) if j < len(row) and row[j] is not None]
+
+
+def _left_lockstep(r: KeyReport) -> list[int]:
+    """The configs a screening's survivors' race left behind (raced_out but not among the confirmed: those left an
+    end-to-end confirmation's race)."""
+    return [j for j in r.raced_out if j not in (r.confirmed or [])]
 
 
 # ---- text -------------------------------------------------------------------------------------
@@ -594,7 +603,7 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
         back = (f"; #{', #'.join(map(str, r.readmitted))} dropped there, then timed in lockstep after all"
                 if r.readmitted else "")
         alone = "; a config screened out ran on its screening rank alone" if r.screened_on else ""
-        raced = [j for j in r.raced_out if j not in (r.confirmed or [])]
+        raced = _left_lockstep(r)
         alone += (f"; #{', #'.join(map(str, raced))} left the lockstep rounds early, far behind the fastest"
                   if raced else "")
         lines.append(f"  screening  split over {r.world} ranks (one rank per config), survivors timed on every "
@@ -641,6 +650,7 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
                          f"{sum(o for o, _ in r.shared_rungs)} configs left out of them, to what the budgets paid "
                          f"for; {sum(t for _, t in r.shared_rungs)} of the other keys' new binaries taken instead")
     if r.ms:
+        left = _left_lockstep(r)
         lines.append(f"  {'configs':<10}{'ms':>10}  {'q20..q80':>19}"
                      + "".join(f"  {f'rank {k}':>10}" for k in range(len(r.per_rank))) + "  config")
         for j, config in enumerate(r.configs):
@@ -655,7 +665,7 @@ def format_key(r: KeyReport, from_log: bool = True) -> list[str]:
                        f"  (screened out on rank {r.screened_on[j]}, not run on the others)" if j in r.screened_on
                        else f"  (left the lockstep rounds after the first: timed on rank {r.lockstep_out[j]} alone)"
                        if j in r.lockstep_out
-                       else "  (left the lockstep rounds early)" if j in r.raced_out and j not in (r.confirmed or [])
+                       else "  (left the lockstep rounds early)" if j in left
                        else "  (screened out: its screening time)" if (j in r.screened_out and j != r.winner
                                                                       and j not in r.failures)
                        else "  (per launch: not among the candidates re-timed end to end)"
