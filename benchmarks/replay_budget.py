@@ -27,8 +27,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from triton_ctx_tune.compile.precompile import compile_weight, straggler_cutoff  # noqa: E402
-from triton_ctx_tune.engine.budget import PARENT_BAND, STRAGGLERS, BudgetSearch, share_wave  # noqa: E402
+from triton_ctx_tune.compile.precompile import straggler_cutoff  # noqa: E402
+from triton_ctx_tune.engine.budget import (  # noqa: E402
+    PARENT_BAND,
+    STRAGGLERS,
+    BudgetSearch,
+    share_wave,
+    tile_weight,
+)
 
 
 def load(path: str | Path) -> dict[str, dict[str, float | None]]:
@@ -61,13 +67,13 @@ def replay(table: dict[str, float | None], seed: int, measure: str = "seconds", 
     """One budgeted search over `table`: (its choice's recorded time over the best, configs explored, seconds).
     `compile_s`: a config's own compile time as rank 0 notes it (default rung_s; on a GPU the longest is often more
     than a wave's wall time). `compiles`: each config's recorded compile seconds (load_compiles): a wave then
-    costs its longest, and rank 0 predicts them from the configs' weights (precompile.compile_weight)."""
+    costs its longest, and rank 0 predicts them from the configs' weights (budget.tile_weight)."""
     labels = list(table)
     truth = [t if t is not None and math.isfinite(t) else math.inf for t in table.values()]
     rng = random.Random(seed)
     offset = [math.exp(rng.gauss(0.0, noise)) for _ in labels]
     search = BudgetSearch([config_of(label) for label in labels], measure, limit, 5, parallel=parallel,
-                          first_width=first_width, weight=compile_weight if compiles is not None else None)
+                          first_width=first_width, weight=tile_weight if compiles is not None else None)
     samples: dict[int, list[float]] = {}
 
     def times() -> list[float]:
@@ -132,7 +138,7 @@ def replay_together(tables: dict[str, dict[str, float | None]], seed: int, limit
              for sh in shapes}
     offset = {sh: [math.exp(rng.gauss(0.0, noise)) for _ in labels] for sh in shapes}
     search = {sh: BudgetSearch(configs, "seconds", limit, 5, parallel=parallel, first_width=first_width,
-                               weight=compile_weight) for sh in shapes}
+                               weight=tile_weight) for sh in shapes}
     samples: dict[str, dict[int, list[float]]] = {sh: {} for sh in shapes}
     compiled: set[int] = set()
     left_out: set[int] = set()  # the first rung's stragglers (every key's first rung is the same spread)

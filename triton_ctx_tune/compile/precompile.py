@@ -283,12 +283,15 @@ def local_share(n_configs: int, comm: Collectives) -> list[int]:
 
 
 def compile_weight(config: Any) -> float:
-    """A guess at how long a config takes to compile, for ordering only: its tile (the product of its integer
-    meta-parameters of 16 or more) times num_stages times num_warps. Larger tiles and deeper pipelines make
-    more code for ptxas (FLA's chunk_bwd_kernel_dqkwg: 0.7 s for its small configs, 3.8 s for its largest)."""
+    """A guess at how long a config takes to compile, for ordering only: the code one thread runs, its tile (the
+    product of its integer meta-parameters of 16 or more) over num_warps, times num_stages. ptxas's time grows
+    with the code per thread, so fewer warps over the same tile compile longer: FLA's chunk_bwd_kernel_dqkwg
+    (no tile in its configs) took 5.9 to 7.1 s at 2 warps and 1.3 to 1.4 s at 4 on an H200. Against the compile
+    times recorded on the FLA step and the MLP op (RESULTS.md section 51), its rank correlation per key is 0.64 to
+    0.94; the tile times warps that it replaces had -0.78 to 0.70."""
     tile = math.prod(v for v in (getattr(config, "kwargs", None) or {}).values()
                      if isinstance(v, int) and not isinstance(v, bool) and v >= 16)
-    return float(tile * (getattr(config, "num_stages", None) or 1) * (getattr(config, "num_warps", None) or 4))
+    return tile * (getattr(config, "num_stages", None) or 1) / (getattr(config, "num_warps", None) or 4)
 
 
 def compile_order(configs: list[Any], indices: list[int], cheapest_first: bool = False) -> list[int]:
@@ -300,7 +303,9 @@ def compile_order(configs: list[Any], indices: list[int], cheapest_first: bool =
     came, and the rung waited for the compile limit)."""
     if len(indices) <= 1 or interpret_mode():  # (the interpreter compiles nothing: the config list's order)
         return list(indices)
-    ranked = sorted(indices, key=lambda i: (compile_weight(configs[i]), i))
+    # (a tie goes to more warps as the cheaper: less code per thread)
+    ranked = sorted(indices, key=lambda i: (compile_weight(configs[i]), -(getattr(configs[i], "num_warps", None) or 4),
+                                            i))
     return ranked if cheapest_first else [ranked[0], *reversed(ranked[1:])]
 
 
@@ -365,12 +370,13 @@ def _compile(state: KeyState, indices: list[int], args: tuple, kwargs: dict[str,
     if math.isinf(limit_s) and not job.budgeted and (threads <= 1 or len(indices) <= 1):
         results = {i: job.one(i) if not _EXITING.is_set() else (None, EXIT_REASON) for i in indices}  # no bound
     else:
-        done, late = run_with_deadline(indices, job.one, threads, limit_s,
-                                       gate=job.enter_gate if gated else None,
-                                       # (a worker's compile is given up on in pool.run, which kills the worker;
-                                       # the thread is abandoned only for a compile in this process)
-                                       cutoff=(lambda: job.cutoff() + (GIVE_UP_GRACE_S if pool else 0.0))
-                                       if job.budgeted else None)
+        with job.gated(indices) if gated else nullcontext():
+            done, late = run_with_deadline(indices, job.one, threads, limit_s,
+                                           gate=job.enter_gate if gated else None,
+                                           # (a worker's compile is given up on in pool.run, which kills the worker;
+                                           # the thread is abandoned only for a compile in this process)
+                                           cutoff=(lambda: job.cutoff() + (GIVE_UP_GRACE_S if pool else 0.0))
+                                           if job.budgeted else None)
         results = dict(done)
         straggled = job.cutoff() if job.budgeted else math.inf
         for i in late:
@@ -438,10 +444,24 @@ class _BatchCompile:
 
     # ---- the gate, and the straggler cutoff ----------------------------------------------------------------
 
+    @property
+    def gate_size(self) -> int:
+        return len(self.state.configs) + (CompileGate._LATER if self.later else 0)
+
+    @contextmanager
+    def gated(self, indices: list[int]) -> Iterator[None]:
+        """Announce to GATE the configs that will ask it for a place (all but the first), so that its order counts
+        them as left before their threads ask; at the end, take back those that never asked."""
+        expected = sum(1 for i in indices if i != self.first)
+        GATE.expect(expected, self.gate_size, id(self.state))
+        try:
+            yield
+        finally:
+            GATE.expect(-(expected - len([i for i in self.gate_places if i != self.first])), self.gate_size,
+                        id(self.state))
+
     def enter_gate(self, i: int) -> Place:
-        place = self.gate_places[i] = GATE.enter(i == self.first, self.threads,
-                                                 len(self.state.configs) + (CompileGate._LATER if self.later else 0),
-                                                 key=id(self.state))
+        place = self.gate_places[i] = GATE.enter(i == self.first, self.threads, self.gate_size, key=id(self.state))
         return place
 
     def _stepped_out(self, i: int) -> Any:
@@ -663,12 +683,18 @@ class CompileGate:
     Each key used to compile on threads of its own, all side by side: a key met late in an execution
     waited behind the earlier keys' configs (FLA's step, 159 configs, on one H200: 19.6 s in the first
     online call). Now every key met waits for its own first config, compiled beside at most `width - 1`
-    others. The rest go fewest waiting first: the key with the fewest configs queued here, then the smaller
+    others. The rest go fewest waiting first: the key with the fewest configs not yet placed, then the smaller
     key, then in the order asked. Online, a key is decided only once all its configs are compiled, so a key
     of 6 configs met after three of 48 no longer waits for their 141 (FLA's chunk_bwd_kernel_dqkwg: undecided
-    after 300 calls). Counting what is left to queue rather than the key's size, a large key's last config is
-    not held behind a small key met after it: the MLP op's GEMM config 1 (0.33 s) waited for GELU's 7 configs,
-    met 0.35 s in, and ended the key's compile 0.1 s after its other configs (RESULTS.md section 50)."""
+    after 300 calls). Counting what is left rather than the key's size, a large key's last config is not held
+    behind a small key met after it: the MLP op's GEMM config 1 (0.33 s) waited for GELU's 7 configs, met 0.35 s
+    in, and ended the key's compile 0.1 s after its other configs (RESULTS.md section 50).
+
+    What is left counts the configs a batch has announced (expect()) and not yet queued, as well as those queued:
+    a batch asks for places on at most one thread per worker, so a key of 48 configs that holds most places has
+    few of them queued at any time. Counted by what was queued alone, FLA's chunk_fwd_kernel_h (48 configs, about
+    25 left) went ahead of chunk_bwd_kernel_dqkwg's 5, met 1 s after it, and dqkwg's 6 s compiles started 0.8 to
+    1.2 s late (RESULTS.md section 51)."""
 
     _LATER = 1 << 30  # a `size` at least this: behind every other config (another rank's share, stolen)
 
@@ -677,6 +703,7 @@ class CompileGate:
         self._rest = 0
         self._waiting: dict[int, tuple[int, object]] = {}  # ticket number: (size, key)
         self._queued: Counter[tuple[int, object]] = Counter()  # per band and key, its configs waiting here
+        self._expected: Counter[tuple[int, object]] = Counter()  # ... and those announced, not yet queued
         self._first: int | None = None  # the ticket served next
         self._tickets = itertools.count()
 
@@ -693,11 +720,26 @@ class CompileGate:
     def _rank(self, ticket: int) -> tuple[int, int, int, int]:
         size, key = self._waiting[ticket]
         band = self._band(size)
-        return band, self._queued[band, key] if key is not None else 1, size, ticket
+        left = self._queued[band, key] + self._expected[band, key] if key is not None else 1
+        return band, left, size, ticket
 
     def _band(self, size: int) -> int:
         # -1: a config coming back from outside its place, ahead of every other; then the others; then later ones
         return -1 if size < 0 else 1 if size >= self._LATER else 0
+
+    def expect(self, count: int, size: int, key: object) -> None:
+        """`count` more of `key`'s configs (its `size`) will ask for a place: counted as left from now; a negative
+        count takes back those that never asked (their batch ended first)."""
+        with self._cond:
+            self._count(self._expected, (self._band(size), key), count)
+            self._first = min(self._waiting, key=self._rank) if self._waiting else None
+            self._cond.notify_all()
+
+    @staticmethod
+    def _count(counter: Counter[tuple[int, object]], counted: tuple[int, object], change: int) -> None:
+        counter[counted] += change
+        if counter[counted] <= 0:
+            del counter[counted]
 
     def _queue(self, ticket: int, entry: tuple[int, object] | None) -> None:
         """Add a ticket (`entry`: its size and key) or take it out (None), and find the next one served. The
@@ -706,9 +748,9 @@ class CompileGate:
             self._waiting[ticket] = entry
         size, key = entry if entry is not None else self._waiting.pop(ticket)
         counted = (self._band(size), key)
-        self._queued[counted] += 1 if entry is not None else -1
-        if not self._queued[counted]:
-            del self._queued[counted]
+        self._count(self._queued, counted, 1 if entry is not None else -1)
+        if entry is not None and counted in self._expected:
+            self._count(self._expected, counted, -1)  # announced: now queued
         self._first = min(self._waiting, key=self._rank) if self._waiting else None
 
     def take(self, width: int, size: int, key: object = None) -> bool:

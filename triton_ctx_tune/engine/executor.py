@@ -39,7 +39,7 @@ from ..runtime.patch import original_run
 from ..runtime.timing import CudaGraphTimer, HostLead
 from ..store.cache import Lookup, entry_id, identity
 from ..tools.logs import compile_totals, fmt_ms, fmt_parallelism
-from .budget import EARLY_RUNG, FIRST_RUNG_WITH_WORKERS, BudgetSearch, Prior
+from .budget import EARLY_RUNG, FIRST_RUNG_WITH_WORKERS, BudgetSearch, Prior, tile_weight
 from .exactly_once import paused
 from .search import Assignment, Search
 from .state import KeyState, Slot, SlotRecord
@@ -371,7 +371,7 @@ class Executor:
         return BudgetSearch(configs, budget.measure, limit, self.opts.n_repeat,
                             model_ranked=model_ranked(at, configs), prior=prior, parallel=max(workers, 1),
                             first_width=FIRST_RUNG_WITH_WORKERS if workers else EARLY_RUNG,
-                            weight=precompile.compile_weight)
+                            weight=tile_weight)
 
     def _precompiled(self, state: KeyState, done: precompile.Compiled) -> None:
         state.precompiled = True
