@@ -28,8 +28,8 @@ from triton_ctx_tune import contextual_autotune  # noqa: E402
 SLOW_COMPILE_S = 2.0
 # Which config compiles slowly, and where: BLOCK 64 (config 2) on every rank; or BLOCK 128 (config 3) on rank 1
 # alone: of 2 ranks' precompile shares, rank 1's is configs 1 and 3, so its first execution goes on with config 1
-# and rank 0 has nothing slow to wait for.
-SLOW = {"every": (64, lambda: True), "rank1": (128, lambda: rank() == 1)}
+# and rank 0 has nothing slow to wait for; or BLOCK 16 (config 0, the plan's first) on every rank.
+SLOW = {"every": (64, lambda: True), "rank1": (128, lambda: rank() == 1), "first": (16, lambda: True)}
 slow_on = "every"
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import HAS_CUDA
 from tests.worker_kernels import HAS_CONSTEXPR_FUNCTION
-from triton_ctx_tune.compile.compile_workers import default_workers
+from triton_ctx_tune.compile.compile_workers import BULK_NICE, FRONT_NICE, default_workers, front_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_constexpr_function = pytest.mark.skipif(not HAS_CONSTEXPR_FUNCTION,
@@ -99,11 +99,16 @@ def test_workers_compile_real_binaries_that_the_parent_then_finds(healthy):
         assert row[name]["counts"] == {"workers": len(row[name]["by_workers"]), "here": 0, "ranks": 0, "cache": 0}, name
     # The parent compiled the same 6 configs again: every one a hit in Triton's cache, so the same keys.
     assert row["parent_new_cubins"] == 0
+    # Each worker's compile reports the CPU seconds it took (its own and its ptxas's): some, and no more than its
+    # wall time allows (one thread, one ptxas at a time).
+    second = row["second"]
+    assert sorted(second["cpu_s"]) == sorted(second["compile_s"]) == ["0", "1", "2"]
+    assert all(0 < second["cpu_s"][i] <= second["compile_s"][i] + 0.05 for i in second["cpu_s"]), second
 
 
 def test_workers_start_once_and_serve_every_later_key(healthy):
     pids = healthy["reuse"]["pids"]
-    assert len(pids) == 2 and len(set(pids)) == 2 and os.getpid() not in pids
+    assert len(pids) == 3 and len(set(pids)) == 3 and os.getpid() not in pids  # 2 bulk workers, 1 front
     # start_compile_workers(preload=...) had the zygote import the kernels' module once, before it forked them.
     assert healthy["preloaded"]["pids"] == [healthy["reuse"]["zygote"]]
     for name in ("reuse", "split", "fallback"):
@@ -244,7 +249,7 @@ def test_a_compile_past_its_limit_kills_the_worker_and_fails_the_config(broken):
                                        "if it is just slow)"}
     assert result["by_workers"] == [0, 1] and result["new_cubins"] == 2
     killed = set(row["pids"]) - set(row["pids_after"])
-    assert len(killed) == 1 and len(row["pids_after"]) == 2  # replaced: the pool keeps its size
+    assert len(killed) == 1 and len(row["pids_after"]) == 3  # replaced: the pool keeps its size
     assert row["seconds"] < 200  # the hung compile sleeps for an hour
 
 
@@ -295,7 +300,7 @@ def test_a_worker_that_crashes_fails_its_config_only_and_is_replaced(broken):
     assert result["failures"] == {"2": "compile worker crashed: its process ended with signal SIGSEGV while "
                                        "compiling this config (a crash in Triton's compiler); the worker was replaced"}
     assert result["by_workers"] == [0, 1] and result["new_cubins"] == 2
-    assert len(set(row["pids"]) - set(row["pids_after"])) == 1 and len(row["pids_after"]) == 2
+    assert len(set(row["pids"]) - set(row["pids_after"])) == 1 and len(row["pids_after"]) == 3
     assert row["pids"] == broken["timeout"]["pids_after"]  # the same pool went on from the timeout scenario
 
 
@@ -305,7 +310,7 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path):
     try:
         line = proc.stdout.readline()  # after the workers have started
         row = json.loads(line)
-        assert len(row["pids"]) == 2 and all(_alive(p) for p in row["pids"] + [row["zygote"]])
+        assert len(row["pids"]) == 3 and all(_alive(p) for p in row["pids"] + [row["zygote"]])
     finally:
         proc.send_signal(signal.SIGKILL)  # no atexit: only the zygote's and the workers' own watch can end them
         proc.wait(timeout=60)
@@ -320,8 +325,10 @@ def test_the_default_path_forks_a_worker_per_core_from_the_zygote_that_the_impor
     assert row["before"] in ("booting", "ready") and row["at_decoration"] in ("booting", "ready")
     assert row["n"] == default_workers() == min(32, cores) and row["n"] >= 2
     status = row["status"]
-    assert (status["ready"], status["booting"], status["boot_failures"]) == (row["n"], 0, 0)
-    assert status["zygote"]["state"] == "ready" and len(row["pids"]) == row["n"]
+    front = front_workers(row["n"])
+    assert (status["ready"], status["front"], status["booting"], status["boot_failures"]) == (row["n"] + front, front,
+                                                                                              0, 0)
+    assert status["zygote"]["state"] == "ready" and len(row["pids"]) == row["n"] + front
     assert row["parents"] == [row["zygote"]]  # forked by the zygote, not started (and importing torch) one by one
     # The first key forked the pool: its compiles waited the milliseconds the forks took rather than running
     # on threads (no execution waits for one of them here).
@@ -370,6 +377,21 @@ def test_the_config_an_execution_waits_for_takes_the_next_free_worker_first(tmp_
     assert grace["in_grace"] and grace["failures"] == 0 and grace["first"] is not None
     assert set(grace["places"].values()) == {"workers"}
     assert grace["counts"] == {"workers": grace["configs"], "here": 0, "ranks": 0, "cache": 0}
+
+
+def test_a_small_key_met_while_the_bulk_workers_are_busy_compiles_at_once_on_the_front_workers(tmp_path):
+    """FLA's chunk_bwd_kernel_dqkwg (6 configs, met 2 s into the step) waited 0.34 to 0.46 s for a place, all 16
+    held by the large keys met before it, and its 6 s compiles shared the cores with theirs (RESULTS.md section 51)."""
+    row = _run(("front",), str(tmp_path / "triton-cache"))["front"]
+    assert front_workers(4) == 2 and len(row["pids"]) == 6
+    assert row["held"] == [False] * 4  # a config that waited for a place takes bulk workers only
+    assert row["front_nice"] == [min(row["own_nice"] + FRONT_NICE, 19)] * 2
+    assert row["bulk_nice"] == [min(row["own_nice"] + BULK_NICE, 19)] * 4
+    small, large = row["small"], row["large"]
+    assert small["done_while_held"] and small["ready_while_held"] == [0, 1] and small["by_workers"] == [0, 1]
+    # The large key's first (its cheapest, BLOCK 16) compiles on a front worker; the two others wait for a place.
+    assert large["order"][0] == 0 and not large["done_while_held"] and large["ready_while_held"] == [0]
+    assert large["by_workers"] == [0, 1, 2] and large["counts"] == {"workers": 3, "here": 0, "ranks": 0, "cache": 0}
 
 
 def test_importing_the_package_starts_the_compiler_hash_and_the_zygote_unless_interpreting():

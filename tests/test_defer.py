@@ -40,6 +40,24 @@ def test_a_key_still_compiling_does_not_hold_up_the_keys_that_are_ready(tmp_path
     assert result["executions"] == 17  # 22 before configs were timed early
 
 
+def test_the_config_the_first_execution_ran_leads_the_plan_so_the_compiled_ones_are_timed_early(tmp_path):
+    """Config 0 (the plan's first) compiles for 2 s; the first execution runs config 1, the first compiled. Taken as
+    config 0's warm-up, that launch left config 0's timed slot next, and a step's end could time early none of the
+    compiled configs: the MLP op's GEMM key, whose config 0 compiled among the last, waited out its grace (RESULTS.md
+    section 51). Now config 1's group leads, and configs 1 to 3 are timed while config 0 compiles."""
+    from tests import defer_worker
+
+    defer_worker.slow_on = "first"
+    try:
+        result = tune(str(tmp_path), compile_threads=2)
+    finally:
+        defer_worker.slow_on = "every"
+    assert result["ok"] and result["late"] == [64] and result["quick"] == [32]
+    _deferred(events(tmp_path), slow=0, early={1, 2, 3})
+    first = next(e for e in events(tmp_path) if e["event"] == "slot" and e["kernel"] == "late_add_one_")
+    assert (first["config_index"], first["ran"], first["timed"]) == (1, 1, False)  # the stand-in is its own warm-up
+
+
 def test_the_keys_met_in_a_step_share_one_least_wait():
     """A step's end waits at least EARLY_WAIT_S for the keys it met that can time their compiled configs early,
     once for all of them: the MLP op's first execution meets three keys and its end waited 50 ms for each. Here two

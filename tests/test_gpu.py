@@ -168,11 +168,13 @@ def test_precompile_finds_compile_errors_before_any_slot(tmp_path):
     assert pre["failures"] == {} and list(pre["rejected"]) == ["0"]
     assert pre["rejected"]["0"].startswith("CompileTimeAssertionFailure: at ")  # no message: the excerpt
     assert "tl.static_assert(BLOCK <= 64)" in pre["rejected"]["0"]
-    # The execution that met the key ran a config that had compiled (in config 0's warm-up slot, never a
-    # timed one); config 0's next slot compiled it again and failed, and no later slot tried it.
-    first, *rest = [e for e in events if e["event"] == "slot" and e["config_index"] == 0]
-    assert first["step"] == 1 and not first["timed"] and first["ran"] not in (None, 0)
+    # The execution that met the key ran a config that had compiled, in its own warm-up slot (its group leads the
+    # plan: one rank times compiled configs early), never a timed one; config 0's first slot compiled it again and
+    # failed, and no later slot tried it.
+    first = next(e for e in events if e["event"] == "slot")
+    assert first["step"] == 1 and not first["timed"] and first["ran"] == first["config_index"] not in (None, 0)
     assert pre["ran_meanwhile"] == [first["ran"]]
+    rest = [e for e in events if e["event"] == "slot" and e["config_index"] == 0]
     assert rest and rest[0]["failure"].startswith("CompileTimeAssertionFailure")
     assert rest[0]["failure"].endswith("(precompile rejected it too)")
     assert all(e["failure"].startswith("skipped") for e in rest[1:])

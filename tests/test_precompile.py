@@ -531,19 +531,37 @@ def test_the_compile_line_names_what_bounds_its_parallelism():
     assert "parallelism 12.8x, 5.0 s" in compile_line(old)
 
 
+def test_the_compile_line_says_how_many_cores_the_compiles_kept_busy():
+    """With front workers a rank runs more compile processes than cores: the compiles' own times (wall) sum to
+    more than the cores gave. Their CPU seconds (a worker's own and its ptxas's) over the wall time do not."""
+    from triton_ctx_tune.tools.logs import compile_line, compile_totals
+
+    keys = [{"counts": {"workers": 48}, "compile_s": 30.0, "cpu_s": 24.0, "started": 100.0, "ended": 104.0, "pool": 24,
+             "shared_ptxas": [], "kernel": "h", "longest_s": 1.2},
+            {"counts": {"workers": 6}, "compile_s": 20.0, "cpu_s": 16.0, "started": 102.0, "ended": 108.0, "pool": 24,
+             "shared_ptxas": [], "kernel": "dqkwg", "longest_s": 6.0}]
+    t = compile_totals(keys, None)
+    assert (t["cpu_s"], t["cores_busy"], t["parallelism"]) == (40.0, 5.0, 6.25)
+    assert "parallelism 6.2x (at most 6.2x: dqkwg met 2.0 s in, a config of it 6.0 s), 5.0 cores busy, 8.0 s" \
+        in compile_line(t)
+    t = compile_totals([keys[0], {k: v for k, v in keys[1].items() if k != "cpu_s"}], None)  # (a record before it)
+    assert t["cpu_s"] is None and t["cores_busy"] is None and "cores busy" not in compile_line(t)
+
+
 def test_report_adds_up_a_nodes_ranks_compiles(tmp_path):
     """A rank's compile line counts its own share; `report` adds every local rank's (per host) so that the node's
     parallelism, the issue's measure against the node's cores, is one line: (38.5 + 27.5) s in 5.5 s = 12.0x."""
     from triton_ctx_tune.tools.report import build, format_report
 
-    def events(rank: int, compile_s: float, wall_s: float, workers: int, here: int) -> list[dict]:
+    def events(rank: int, compile_s: float, wall_s: float, workers: int, here: int, cpu: bool = False) -> list[dict]:
         call = f"node7:{100 + rank}:1"
         head = {"rank": rank, "call": call, "time": 1.0}
         return [{"event": "call", **head, "function": "step", "world": 2, "device": "gpu", "timer": "cuda-events",
                  "triton": "3.6.0", "torch": "2.11", "triton_ctx_tune": "0.1.0", "host": "node7", "pid": 100 + rank},
                 {"event": "compile", **head, "function": "step", "keys": 2, "configs": 40, "workers": workers,
                  "here": here, "ranks": 40 - workers - here, "cache": 0, "pool": 16, "compile_s": compile_s,
-                 "wall_s": wall_s, "parallelism": compile_s / wall_s, "first_slot_s": 1.0},
+                 "wall_s": wall_s, "parallelism": compile_s / wall_s, "first_slot_s": 1.0,
+                 **({"cpu_s": compile_s * 0.8} if cpu else {})},
                 {"event": "end", **head, "function": "step", "executions": 9, "wall_s": 6.0, "error": None}]
 
     for rank, row in enumerate([events(0, 38.5, 5.5, 19, 1), events(1, 27.5, 5.0, 20, 0)]):
@@ -552,3 +570,8 @@ def test_report_adds_up_a_nodes_ranks_compiles(tmp_path):
     assert "step: compile: 40 configs, 19 in 16 workers, 1 in-process, 20 by other local ranks" in text
     assert "step: node node7: 2 ranks compiled 40 configs, 66.0 s of compiles in 5.5 s, parallelism 12.0x over 32 " \
            "workers" in text
+    assert "cores busy" not in text  # (logs before the compiles' CPU seconds were)
+    for rank, row in enumerate([events(0, 38.5, 5.5, 19, 1, cpu=True), events(1, 27.5, 5.0, 20, 0, cpu=True)]):
+        (tmp_path / f"rank-{rank}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in row))
+    text = format_report(build(tmp_path))  # (38.5 + 27.5) x 0.8 CPU seconds in 5.5 s
+    assert "parallelism 12.0x over 32 workers, 9.6 cores busy" in text

@@ -129,7 +129,9 @@ def tune(at: Any, n: int, comm: Collectives | None = None, timeout_s: float = ma
             "rejected": {str(i): r for i, r in done.rejected.items()},
             "new_cubins": cubins() - before, "counts": done.counts(), "compiled_here": len(MISSES) - misses,
             "undescribed": {str(i): r for i, r in done.undescribed.items()}, "stolen": done.stolen,
-            "configs": len(state.configs), "unusable": (done.workers or {}).get("unusable", {})}
+            "configs": len(state.configs), "unusable": (done.workers or {}).get("unusable", {}),
+            "compile_s": {str(i): s for i, s in done.compile_s.items()},
+            "cpu_s": {str(i): s for i, s in done.cpu_s.items()}}
 
 
 def parent_hits(at: Any, n: int, blocks: list[int], **kwargs: Any) -> int:
@@ -208,6 +210,35 @@ def cold_start() -> dict[str, Any]:
             "seconds": time.monotonic() - began, "counts": done.counts(), "by_workers": done.by_workers,
             "failures": done.failures, "rejected": done.rejected, "configs": len(state.configs),
             "pids": get_pool(2).pids(), "zygote": get_pool(2).zygote.pid}
+
+
+def front_first() -> dict[str, Any]:
+    """Four bulk workers, two front ones. With every bulk worker held (a large key's compiles), a key of 2 configs
+    (no more than the front) compiles both at once on the front workers; of a key of 3, only its first config does,
+    and the others wait for a place. Bulk workers run at BULK_NICE above this process, front ones at FRONT_NICE."""
+    start_compile_workers(4)
+    pool = get_pool(4)
+    assert pool.wait_ready(240), "workers did not start"
+    kinds = {w.pid: w.front for w in pool._workers if w.state != "dead"}
+    nice = {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in kinds}
+    held = [pool.acquire(5.0) for _ in range(4)]  # (not front: bulk workers only)
+    out: dict[str, Any] = {"pids": pool.pids(), "zygote": pool.zygote.pid,
+                           "own_nice": os.getpriority(os.PRIO_PROCESS, 0),
+                           "front_nice": sorted(n for pid, n in nice.items() if kinds[pid]),
+                           "bulk_nice": sorted(n for pid, n in nice.items() if not kinds[pid]),
+                           "held": sorted(w.front for w, _ in held if w is not None)}
+    for name, blocks, n in (("small", [16, 32], 4096), ("large", [16, 32, 64], 97)):
+        at = triton.autotune(configs=block_configs(blocks), key=["n"])(K.double_.fn)
+        args, kwargs = (torch.zeros(n), n), {"grid": (1,), "warmup": False}
+        compiling = P.start(key_state(at, args, kwargs), args, kwargs, Collectives(False), threads=5, workers=4)
+        out[name] = {"done_while_held": compiling.wait(60.0 if name == "small" else 3.0),
+                     "ready_while_held": sorted(compiling.ready_here()), "order": compiling.mine}
+        if name == "large":
+            for worker, _ in held:
+                pool._release(worker, replace=False)
+        done = compiling.finish(Collectives(False))
+        out[name].update(by_workers=done.by_workers, counts=done.counts())
+    return out
 
 
 def urgent_first(pool: Any) -> dict[str, Any]:
@@ -362,6 +393,8 @@ def scenario(name: str) -> dict[str, Any]:
         return cold_start()
     if name == "ptxas_once":
         return ptxas_once()
+    if name == "front":
+        return front_first()
     if name == "shared_ptxas":
         return shared_ptxas()
     # As a training script would during its set-up; later scenarios find the same pool.

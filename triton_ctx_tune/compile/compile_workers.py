@@ -66,6 +66,11 @@ MAX_BOOT_FAILURES = 3
 FORK_GRACE_S = 2.0
 # How often a compile that may be given up on (run's give_up: a budget's straggler) looks again.
 GIVE_UP_POLL_S = 0.05
+# Niceness above the rank's: a front worker's, below the rank's own threads (on the cores the rank leaves idle; not
+# the zygote: its imports are on the first call's path, and it is one process); a bulk worker's, lower again, so that
+# where a front compile shares a core with bulk ones it gets most of it (CFS weights 335 against 36).
+FRONT_NICE = 5
+BULK_NICE = 15
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds triton_ctx_tune/
 # The package is entered through a stand-in for its __init__, which imports torch (1 to 2 s): the zygote needs
@@ -89,12 +94,19 @@ class Outcome:
     failure: str | None
     pid: int
     seconds: float = 0.0  # the compile's own time, in the worker (not its wait for another's ptxas run)
+    cpu_s: float = 0.0  # the CPU time it took, the worker's and its ptxas's (more workers than cores: below seconds)
     shared_ptxas: bool = False  # its cubin came from another config's ptxas run on the same PTX (shared_ptxas.py)
 
 
 def _kernel_id(spec: LaunchSpec) -> str:
     kernel = spec.functions[0]
     return f"{kernel.module}.{kernel.qualname}"
+
+
+def front_workers(size: int) -> int:
+    """Front workers beside `size` bulk ones: enough for a key met late (FLA's chunk_bwd_kernel_dqkwg, 6 configs) and
+    the first configs of the keys met while its compiles run."""
+    return (size + 1) // 2 if size > 0 else 0
 
 
 def default_workers() -> int:
@@ -216,8 +228,9 @@ class _Zygote:
 
 
 class _Worker:
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, front: bool = False) -> None:
         self.conn = conn  # both ways: configs to compile out, outcomes back
+        self.front = front  # a front worker (WorkerPool), at the rank's priority; else a bulk one, at BULK_NICE
         self.pid: int | None = None  # once the zygote has forked it
         self.state = "booting"  # then "idle", "busy", "dead"
         self.boot: threading.Thread | None = None  # the thread that has the zygote fork it and waits for it
@@ -232,9 +245,15 @@ class _Worker:
 
 
 class WorkerPool:
-    """Up to `size` worker processes; compile() hands one config to an idle one and waits for it."""
+    """`size` bulk worker processes and `front` front ones; run() hands one config to an idle one and waits for it.
 
-    def __init__(self, size: int, zygote: _Zygote, preload: tuple[str, ...] = ()) -> None:
+    Bulk workers take the configs that waited for a place in precompile's gate (one per place), at a lower CPU
+    priority (BULK_NICE). Front workers take the configs that start at once: a key's first config, which an execution
+    waits for, and every config of a small key. Such a key met late (FLA's chunk_bwd_kernel_dqkwg, 6 configs, 2 s
+    into the step) found every place held by the large keys met before it, and its 6 s compiles, the step's longest,
+    started 0.35 to 0.45 s late and ran at a bulk compile's share of a core (RESULTS.md section 51)."""
+
+    def __init__(self, size: int, zygote: _Zygote, preload: tuple[str, ...] = (), front: int = 0) -> None:
         self.owner = os.getpid()
         self.preload = preload  # kernel modules the zygote imports before it forks the workers
         self.target = compile_target()
@@ -247,12 +266,22 @@ class WorkerPool:
         # Kernels a worker could not rebuild (why, as the worker said it): they compile in the rank's process.
         self.unusable: dict[str, str] = {}
         self.made = time.monotonic()
-        self.grow(size)
+        self.grow(size, front)
 
     @property
     def size(self) -> int:
+        """Live bulk workers (the gate's places)."""
         with self._cond:
-            return sum(w.state != "dead" for w in self._workers)
+            return self._live(front=False)
+
+    @property
+    def front(self) -> int:
+        """Live front workers."""
+        with self._cond:
+            return self._live(front=True)
+
+    def _live(self, front: bool) -> int:  # under self._cond
+        return sum(w.state != "dead" and w.front == front for w in self._workers)
 
     def pids(self) -> list[int]:
         with self._cond:
@@ -261,7 +290,8 @@ class WorkerPool:
     def status(self) -> dict[str, object]:
         """For the precompile log event: how many workers run, and why any kernel module is left to threads."""
         with self._cond:
-            return {"ready": self._count("idle", "busy"), "booting": self._count("booting"),
+            return {"ready": self._count("idle", "busy"), "front": self._live(front=True),
+                    "booting": self._count("booting"),
                     "boot_failures": self._boot_failures, "unusable": dict(self.unusable),
                     "zygote": {"pid": self.zygote.pid, "state": self.zygote.state}}
 
@@ -277,10 +307,12 @@ class WorkerPool:
         growth: they are ready in milliseconds, so a config waits for them rather than compile here."""
         return self.zygote.state == "ready" and time.monotonic() - self.made < FORK_GRACE_S
 
-    def grow(self, size: int) -> None:
+    def grow(self, size: int, front: int = 0) -> None:
+        """At least `size` bulk and `front` front workers."""
         with self._cond:
-            for _ in range(size - sum(w.state != "dead" for w in self._workers)):
-                self._start()
+            for kind, wanted in ((False, size), (True, front)):
+                for _ in range(wanted - self._live(front=kind)):
+                    self._start(front=kind)
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Block until every live worker has started (tests, benchmarks); False at the deadline."""
@@ -293,11 +325,11 @@ class WorkerPool:
                 self._cond.wait(left)
         return True
 
-    def _start(self) -> None:  # under self._cond
+    def _start(self, front: bool) -> None:  # under self._cond
         if self._closed or self._boot_failures >= MAX_BOOT_FAILURES:
             return
         ours, theirs = socket.socketpair()
-        worker = _Worker(Connection(ours.detach()))
+        worker = _Worker(Connection(ours.detach()), front)
         self._workers.append(worker)
         worker.boot = threading.Thread(target=self._boot, args=(worker, theirs), name="ctx-tune-worker-boot",
                                        daemon=True)
@@ -305,8 +337,8 @@ class WorkerPool:
 
     def _boot(self, worker: _Worker, child_end: socket.socket) -> None:
         try:
-            pid = self.zygote.fork({"target": self.target, "preload": list(self.preload), "sys_path": list(sys.path)},
-                                   child_end)
+            pid = self.zygote.fork({"target": self.target, "preload": list(self.preload), "sys_path": list(sys.path),
+                                    "nice": FRONT_NICE if worker.front else BULK_NICE}, child_end)
         finally:
             child_end.close()  # the worker holds its own copy now
         with self._cond:
@@ -331,32 +363,34 @@ class WorkerPool:
         with self._cond:
             return not self._closed and self._count("idle", "busy", "booting") > 0
 
-    def acquire(self, wait_s: float, urgent: bool = False) -> tuple[_Worker, int] | None:
+    def acquire(self, wait_s: float, urgent: bool = False, front: bool = False) -> tuple[_Worker, int] | None:
         """An idle worker and its pid, waiting up to `wait_s` for one; None if none came (or the pool is closed
         or has no live worker). While an `urgent` caller waits (the config an execution waits for), other
-        callers leave idle workers to it."""
+        callers leave idle workers to it. A `front` caller takes a front worker, else a bulk one; any other, a bulk
+        one only (a front worker left idle is one that a key met later starts on at once)."""
         deadline = time.monotonic() + wait_s
         with self._cond:
             self._urgent += urgent
             try:
-                return self._acquire(deadline, urgent)
+                return self._acquire(deadline, urgent, front)
             finally:
                 self._urgent -= urgent
                 self._cond.notify_all()
 
-    def _acquire(self, deadline: float, urgent: bool) -> tuple[_Worker, int] | None:  # under self._cond
+    def _acquire(self, deadline: float, urgent: bool, front: bool) -> tuple[_Worker, int] | None:  # under self._cond
         while True:
             if self._closed:
                 return None
             mine = urgent or not self._urgent
-            for w in [w for w in self._workers if mine and w.state == "idle"]:
+            idle = [w for w in self._workers if mine and w.state == "idle" and (front or not w.front)]
+            for w in sorted(idle, key=lambda w: not w.front):  # (a front caller's own kind first)
                 pid = w.pid
                 if pid is None:
                     continue  # (idle means it booted, so it has a pid)
                 if self.zygote.exit_code(pid) is not None:  # died while idle (killed from outside)
                     w.kill()
                     self._workers.remove(w)
-                    self._start()
+                    self._start(w.front)
                     continue
                 w.state = "busy"
                 return w, pid
@@ -371,7 +405,7 @@ class WorkerPool:
                 worker.kill()
                 if worker in self._workers:
                     self._workers.remove(worker)
-                self._start()
+                self._start(worker.front)
             elif worker.state == "busy":
                 worker.state = "idle"
             self._cond.notify_all()
@@ -398,7 +432,7 @@ class WorkerPool:
                     if (reason := give_up(waited)) is not None:
                         self._release(worker, replace=True)
                         return Outcome(Excluding(reason), pid, waited)
-            kind, text, seconds, shared = worker.conn.recv() if answered else ("timeout", "", timeout_s, 0)
+            kind, text, seconds, shared, cpu_s = worker.conn.recv() if answered else ("timeout", "", timeout_s, 0, 0.0)
         except (EOFError, OSError):
             code = self.zygote.exit_code(pid, timeout_s=5.0)
             self._release(worker, replace=True)
@@ -414,7 +448,7 @@ class WorkerPool:
         if kind == "error":
             self.unusable.setdefault(_kernel_id(spec), text)  # it could not rebuild the kernel: nor will it later
             return None
-        return Outcome(text if kind == "failure" else None, pid, seconds, shared > 0)
+        return Outcome(text if kind == "failure" else None, pid, seconds, cpu_s, shared > 0)
 
     def compile(self, spec: LaunchSpec, timeout_s: float) -> Outcome | None:
         """Compile `spec` in a worker, waiting for one while any is ready or starting; None when no worker took it
@@ -497,10 +531,10 @@ def get_pool(size: int, preload: tuple[str, ...] = ()) -> WorkerPool:
     global _pool
     with _pool_lock:
         if _pool is None or _pool.owner != os.getpid():
-            _pool = WorkerPool(size, _live_zygote(), preload)
+            _pool = WorkerPool(size, _live_zygote(), preload, front_workers(size))
             atexit.register(_pool.close)
         else:
-            _pool.grow(size)
+            _pool.grow(size, front_workers(size))
         return _pool
 
 
@@ -572,7 +606,7 @@ def zygote(control_fd: int, parent: int) -> None:
     """The zygote's life: import once, then fork a worker per request until the rank closes its socket."""
     sock = socket.socket(fileno=control_fd)
     children: set[int] = set()
-    prepared = b""  # the last fork request _prepare() carried out
+    prepared: dict[str, Any] | None = None  # the last fork request _prepare() carried out
     try:
         # Not torch: a worker compiles from source (compat.compile_described), and a kernel module that the pool
         # preloads imports it in _prepare, once, before the forks.
@@ -589,13 +623,15 @@ def zygote(control_fd: int, parent: int) -> None:
             data, fds, _, _ = socket.recv_fds(sock, _MESSAGE_BYTES, 1)
             if not data:
                 break  # the rank closed the pool, or died
-            if data != prepared:  # a pool's forks all ask the same: set up once, not before each fork
-                _prepare(pickle.loads(data))
-                prepared = data
+            request = pickle.loads(data)
+            nice = request.pop("nice", FRONT_NICE)
+            if request != prepared:  # a pool's forks all ask the same: set up once, not before each fork
+                _prepare(request)
+                prepared = request
             pid = os.fork()
             if pid == 0:
                 sock.close()
-                _worker(fds[0])  # never returns
+                _worker(fds[0], nice)  # never returns
             for fd in fds:
                 os.close(fd)
             children.add(pid)
@@ -632,19 +668,17 @@ def _prepare(boot: dict[str, Any]) -> None:
                 importlib.import_module(module)
 
 
-def _worker(fd: int) -> None:
+def _worker(fd: int, nice: int) -> None:
     try:
         os.setsid()  # its own group: a timeout kills it with the ptxas it started
-        # Below the rank's own threads, on the cores the rank leaves idle. Not the zygote: its imports are
-        # on the first call's critical path (no worker starts before they end), and it is one process.
         with contextlib.suppress(OSError):
-            os.nice(5)
+            os.nice(nice)  # (FRONT_NICE, BULK_NICE: the ptxas it starts inherits it)
         conn = Connection(fd)
         threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
         conn.send("ready")
         while True:
             spec = conn.recv()
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), os.times()
             try:
                 compile_described(spec)
                 reply: tuple[str, str] = ("ok", "")
@@ -652,7 +686,10 @@ def _worker(fd: int) -> None:
                 reason = config_failure_reason(e)
                 reply = ("failure", reason) if reason is not None else ("error", f"{type(e).__name__}: {e}")
             shared, waited_s = shared_ptxas.since_last()
-            conn.send((*reply, time.perf_counter() - began - waited_s, shared))
+            now = os.times()
+            cpu_s = sum(getattr(now, f) - getattr(cpu, f)
+                        for f in ("user", "system", "children_user", "children_system"))
+            conn.send((*reply, time.perf_counter() - began - waited_s, shared, cpu_s))
     except (EOFError, OSError, KeyboardInterrupt):
         pass  # the pool closed it, or the rank died
     finally:

@@ -149,6 +149,7 @@ class Compiled:
     # Every config this rank compiled or loaded (its share, then the others'): where, and its own compile time.
     places: dict[int, str] = field(default_factory=dict)
     compile_s: dict[int, float] = field(default_factory=dict)
+    cpu_s: dict[int, float] = field(default_factory=dict)  # ... and the CPU time it took (Batch.cpu_s)
     undescribed: dict[int, str] = field(default_factory=dict)  # configs no worker could take, and why
     stolen: list[int] = field(default_factory=list)  # other ranks' configs this rank's workers compiled early
     started: float = 0.0  # perf_counter: when the key's first launch started its compiles
@@ -328,6 +329,9 @@ class Batch:
     by_workers: list[int] = field(default_factory=list)
     places: dict[int, str] = field(default_factory=dict)  # where each config compiled: PLACES
     compile_s: dict[int, float] = field(default_factory=dict)  # each config's own compile time
+    # ... and the CPU seconds it took: a worker's own and its ptxas's; a compile here counts its wall time (it holds
+    # the GIL). With more workers than cores the compile times sum to more than the cores gave; these do not.
+    cpu_s: dict[int, float] = field(default_factory=dict)
     undescribed: dict[int, str] = field(default_factory=dict)  # configs no worker could take, and why
     ended: float = field(default_factory=time.perf_counter)  # when the last config was settled
     # Summed over configs: describing them (this process, under the GIL), waiting for a worker, the workers'
@@ -432,6 +436,10 @@ class _BatchCompile:
         self.later, self.stragglers = later, stragglers
         self.out = Batch()
         self.first = indices[0] if on_ready is not None else None  # what a waiting execution runs first
+        # Configs that start at once, on front workers (compile_workers.WorkerPool), without a place in GATE: the
+        # first, and every config of a batch no larger than the front (a small key's, met late in a step).
+        front = pool.front if pool is not None and not later else 0
+        self.at_once = set(indices) if 0 < len(indices) <= front else {self.first} - {None}
         self.started = time.perf_counter()
         self.budgeted = math.isfinite(stragglers) and len(indices) > 1
         self.size = len(indices)
@@ -452,16 +460,17 @@ class _BatchCompile:
     def gated(self, indices: list[int]) -> Iterator[None]:
         """Announce to GATE the configs that will ask it for a place (all but the first), so that its order counts
         them as left before their threads ask; at the end, take back those that never asked."""
-        expected = sum(1 for i in indices if i != self.first)
+        expected = sum(1 for i in indices if i not in self.at_once)
         GATE.expect(expected, self.gate_size, id(self.state))
         try:
             yield
         finally:
-            GATE.expect(-(expected - len([i for i in self.gate_places if i != self.first])), self.gate_size,
+            GATE.expect(-(expected - len([i for i in self.gate_places if i not in self.at_once])), self.gate_size,
                         id(self.state))
 
     def enter_gate(self, i: int) -> Place:
-        place = self.gate_places[i] = GATE.enter(i == self.first, self.threads, self.gate_size, key=id(self.state))
+        place = self.gate_places[i] = GATE.enter(i in self.at_once, self.threads, self.gate_size,
+                                                 key=id(self.state))
         return place
 
     def _stepped_out(self, i: int) -> Any:
@@ -504,8 +513,9 @@ class _BatchCompile:
     def _describe(self, i: int, ship: bool = True) -> Described:
         return describe_compile(self.state.autotuner, self.state.configs[i], self.args, self.kwargs, ship=ship)
 
-    def _compiled(self, i: int, seconds: float) -> None:
+    def _compiled(self, i: int, seconds: float, cpu_s: float | None = None) -> None:
         self.out.compile_s[i] = COMPILED_S[self._compiled_key(i)] = seconds
+        self.out.cpu_s[i] = seconds if cpu_s is None else cpu_s
 
     def _compiled_key(self, i: int) -> tuple[int, int]:
         """Config i's key in COMPILED_S."""
@@ -626,8 +636,9 @@ class _BatchCompile:
             # the fork grace too: a key met then (FLA's chunk_fwd_kernel_o, 1.1 s in) found every ready worker busy
             # and compiled here in 0.74 to 0.91 s against 0.54 s in a worker, on the execution's path.
             waited = time.perf_counter()
-            acquired = (pool.acquire(FIRST_WAIT_S if pool.ready() else POLL_S if pool.forking() else 0.0, urgent=True)
-                        if i == self.first else pool.acquire(POLL_S))
+            acquired = (pool.acquire(FIRST_WAIT_S if pool.ready() else POLL_S if pool.forking() else 0.0, urgent=True,
+                                     front=True) if i == self.first else
+                        pool.acquire(POLL_S, urgent=i in self.at_once, front=i in self.at_once))
             out.add("wait_s", time.perf_counter() - waited)
             if acquired is None and i == self.first:
                 return None
@@ -636,7 +647,7 @@ class _BatchCompile:
                                    give_up=self._straggling if self.budgeted else None)
                 if outcome is None:
                     return None  # the worker could not rebuild the kernel: here, counted
-                self._compiled(i, outcome.seconds)
+                self._compiled(i, outcome.seconds, outcome.cpu_s)
                 out.add("worker_s", outcome.seconds)
                 if outcome.failure is not None:
                     return outcome.failure
@@ -1086,12 +1097,14 @@ class Precompiling:
             if places.get(i) == CACHE:
                 places[i] = WORKER if i in self.stolen else RANKS
         compile_s = {**more.compile_s, **mine.compile_s}
+        cpu_s = {**more.cpu_s, **mine.cpu_s}
         by_workers = sorted(i for i in self.mine if places.get(i) == WORKER)
         return Compiled(sorted(self.mine), time.perf_counter() - self.started, failures=failures, rejected=rejected,
                         same_binary=same,
                         skipped={**mine.skipped, **more.skipped}, by_workers=by_workers,
                         workers={} if pool is None else pool.status(),
                         ran_meanwhile=sorted(set(self.ran_meanwhile)), places=places, compile_s=compile_s,
+                        cpu_s=cpu_s,
                         undescribed={**mine.undescribed, **more.undescribed}, stolen=list(self.stolen),
                         started=self.started, ended=max(mine.ended, more.ended if rest else 0.0), phases=phases,
                         spans=mine.spans, shared_ptxas=sorted(i for i in mine.shared_ptxas if places.get(i) == WORKER))

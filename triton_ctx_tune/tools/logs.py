@@ -56,11 +56,13 @@ EVENTS: dict[str, EventSpec] = dict([
     # waits; finish_*_s are the step's end.
     _spec("precompile", "a key's configs compiled in the background", "kernel", "key", "mine", "seconds", "failures",
           "rejected", "skipped", "by_workers", "workers", "ran_meanwhile", "places", "counts", "compile_s", "wall_s",
-          "parallelism", "undescribed", "stolen", "phases", "met_s", "spans", "shared_ptxas", "same_binary"),
+          "parallelism", "cpu_s", "cores_busy", "undescribed", "stolen", "phases", "met_s", "spans", "shared_ptxas",
+          "same_binary"),
     _spec("compile", "a call's compiles over all its keys: configs per place, the sum of their compile times, the "
-          "wall time and their ratio; first_slot_s: from the first launch of a key tuned to the first timed slot",
+          "wall time and their ratio; cpu_s: the CPU seconds the compiles took, and cores_busy its ratio to the wall "
+          "time; first_slot_s: from the first launch of a key tuned to the first timed slot",
           "function", "keys", "configs", "workers", "here", "ranks", "cache", "pool", "compile_s", "wall_s",
-          "parallelism", "first_slot_s", "shared_ptxas", "bound", "bound_by"),
+          "parallelism", "cpu_s", "cores_busy", "first_slot_s", "shared_ptxas", "bound", "bound_by"),
     _spec("precompile-disagreed", "a config precompile rejected whose launch compiled and ran: precompile built "
           "another signature than the launch", "kernel", "key", "config_index", "config", "precompile_reason"),
     _spec("quarantine", "a key skips configs that killed an earlier process", "kernel", "key", "configs"),
@@ -134,8 +136,11 @@ def compile_totals(compiles: list[dict[str, Any]], first_slot_s: float | None) -
     first = min(c["started"] for c in compiles)
     wall_s = max(c["ended"] for c in compiles) - first
     workers = max((c["pool"] for c in compiles), default=0)
+    # (None where a record predates it)
+    cpu_s = sum(c["cpu_s"] for c in compiles) if all("cpu_s" in c for c in compiles) else None
     return {"keys": len(compiles), "configs": sum(counts.values()), **counts, "pool": workers,
             "compile_s": compile_s, "wall_s": wall_s, "parallelism": compile_s / wall_s if wall_s > 0 else None,
+            "cpu_s": cpu_s, "cores_busy": cpu_s / wall_s if cpu_s is not None and wall_s > 0 else None,
             "first_slot_s": first_slot_s, "shared_ptxas": sum(len(c.get("shared_ptxas", ())) for c in compiles),
             **_critical_path(compiles, first, compile_s, workers)}
 
@@ -166,8 +171,13 @@ def compile_line(t: dict[str, Any]) -> str:
     first = "" if t["first_slot_s"] is None else f"; first timed slot {t['first_slot_s']:.1f} s after the first launch"
     ranks = f"{t['ranks']} by other local ranks, " if t.get("ranks") else ""
     return (f"compile: {t['configs']} configs, {t['workers']} in {t['pool']} workers{shared_ptxas_text(t)}, "
-            f"{t['here']} in-process, {ranks}{t['cache']} from disk cache, parallelism {par}{bound_text(t)}, "
-            f"{t['wall_s']:.1f} s{first}")
+            f"{t['here']} in-process, {ranks}{t['cache']} from disk cache, parallelism {par}{bound_text(t)}"
+            f"{cores_text(t)}, {t['wall_s']:.1f} s{first}")
+
+
+def cores_text(t: dict[str, Any]) -> str:
+    """", 11.6 cores busy" (the compiles' CPU seconds over the wall time), or "" where the record predates it."""
+    return "" if t.get("cores_busy") is None else f", {t['cores_busy']:.1f} cores busy"
 
 
 def bound_text(t: dict[str, Any]) -> str:

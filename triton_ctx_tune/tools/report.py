@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CtxTuneError, MissingDependencyError
-from .logs import EVENTS, ahead_table, compile_line, fmt_parallelism, same_binary, shared_ptxas_text
+from .logs import EVENTS, ahead_table, compile_line, cores_text, fmt_parallelism, same_binary, shared_ptxas_text
 
 _RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")
 
@@ -781,7 +781,8 @@ def precompile_text(e: dict[str, Any]) -> str:
     ranks = f"{n['ranks']} by other local ranks, " if n.get("ranks") else ""
     text = (f"{sum(n.values())} configs: {n['workers']} by workers{shared_ptxas_text(e)}, {n['here']} in-process, "
             f"{ranks}{n['cache']} "
-            f"from Triton's cache; {e['compile_s']:.2f} s of compiles in {e['wall_s']:.2f} s (parallelism {par})")
+            f"from Triton's cache; {e['compile_s']:.2f} s of compiles in {e['wall_s']:.2f} s (parallelism {par}"
+            f"{cores_text(e)})")
     if e.get("undescribed"):
         text += f"; {len(e['undescribed'])} no worker could take: " + next(iter(e["undescribed"].values()))
     return text
@@ -800,9 +801,11 @@ def node_compile_lines(by_rank: dict[int, dict[str, Any]]) -> list[str]:
         if len(events) < 2 or compile_s <= 0 or wall_s <= 0:
             continue  # one rank (its own line says it all), or nothing compiled (a warm call)
         compiled = sum(e["workers"] + e["here"] for e in events)
+        cpu = ({"cores_busy": sum(e["cpu_s"] for e in events) / wall_s}
+               if all(e.get("cpu_s") is not None for e in events) else {})
         out.append(f"node {host}: {len(events)} ranks compiled {compiled} configs, {compile_s:.1f} s of compiles in "
                    f"{wall_s:.1f} s, parallelism {fmt_parallelism(compile_s / wall_s)} over "
-                   f"{sum(e['pool'] for e in events)} workers")
+                   f"{sum(e['pool'] for e in events)} workers{cores_text(cpu)}")
     return out
 
 
