@@ -458,8 +458,8 @@ class _BatchCompile:
 
     @contextmanager
     def gated(self, indices: list[int]) -> Iterator[None]:
-        """Announce to GATE the configs that will ask it for a place (all but the first), so that its order counts
-        them as left before their threads ask; at the end, take back those that never asked."""
+        """Announce to GATE the configs that will ask it for a place (all but those that start at once), so that its
+        order counts them as left before their threads ask; at the end, take back those that never asked."""
         expected = sum(1 for i in indices if i not in self.at_once)
         GATE.expect(expected, self.gate_size, id(self.state))
         try:
@@ -689,7 +689,8 @@ T = TypeVar("T")
 
 class CompileGate:
     """The process's order for compiles in the background, over every key at once: a key's first config
-    (the one its execution waits for in first_ready) starts at once, the others share `width - 1` places.
+    (the one its execution waits for in first_ready) starts at once, as do all of a small key's (_BatchCompile.
+    at_once: on front workers); the others share `width - 1` places.
 
     Each key used to compile on threads of its own, all side by side: a key met late in an execution
     waited behind the earlier keys' configs (FLA's step, 159 configs, on one H200: 19.6 s in the first
