@@ -76,6 +76,7 @@ from ..runtime.compat import (
     prime_compiler_hash,
     prime_interpreter,
     same_binary,
+    tile_stages_warps,
 )
 from . import node_lock
 from .compile_workers import Excluding, WorkerPool, get_pool
@@ -289,10 +290,9 @@ def compile_weight(config: Any) -> float:
     with the code per thread, so fewer warps over the same tile compile longer: FLA's chunk_bwd_kernel_dqkwg
     (no tile in its configs) took 5.9 to 7.1 s at 2 warps and 1.3 to 1.4 s at 4 on an H200. Against the compile
     times recorded on the FLA step and the MLP op (RESULTS.md section 51), its rank correlation per key is 0.64 to
-    0.94; the tile times warps that it replaces had -0.78 to 0.70."""
-    tile = math.prod(v for v in (getattr(config, "kwargs", None) or {}).values()
-                     if isinstance(v, int) and not isinstance(v, bool) and v >= 16)
-    return tile * (getattr(config, "num_stages", None) or 1) / (getattr(config, "num_warps", None) or 4)
+    0.94; the tile times warps that it replaces had -0.78 to 0.70 (the budget keeps it: budget.tile_weight)."""
+    tile, stages, warps = tile_stages_warps(config)
+    return tile * stages / warps
 
 
 def compile_order(configs: list[Any], indices: list[int], cheapest_first: bool = False) -> list[int]:
@@ -305,8 +305,7 @@ def compile_order(configs: list[Any], indices: list[int], cheapest_first: bool =
     if len(indices) <= 1 or interpret_mode():  # (the interpreter compiles nothing: the config list's order)
         return list(indices)
     # (a tie goes to more warps as the cheaper: less code per thread)
-    ranked = sorted(indices, key=lambda i: (compile_weight(configs[i]), -(getattr(configs[i], "num_warps", None) or 4),
-                                            i))
+    ranked = sorted(indices, key=lambda i: (compile_weight(configs[i]), -tile_stages_warps(configs[i])[2], i))
     return ranked if cheapest_first else [ranked[0], *reversed(ranked[1:])]
 
 
@@ -744,7 +743,7 @@ class CompileGate:
         count takes back those that never asked (their batch ended first)."""
         with self._cond:
             self._count(self._expected, (self._band(size), key), count)
-            self._first = min(self._waiting, key=self._rank) if self._waiting else None
+            self._find_first()
             self._cond.notify_all()
 
     @staticmethod
@@ -763,6 +762,9 @@ class CompileGate:
         self._count(self._queued, counted, 1 if entry is not None else -1)
         if entry is not None and counted in self._expected:
             self._count(self._expected, counted, -1)  # announced: now queued
+        self._find_first()
+
+    def _find_first(self) -> None:  # under self._cond, after a change of the queue or of what is left
         self._first = min(self._waiting, key=self._rank) if self._waiting else None
 
     def take(self, width: int, size: int, key: object = None) -> bool:

@@ -59,6 +59,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runtime.compat import tile_stages_warps
+
 FINALISTS = 3  # F: configs re-timed to n_repeat samples before the decision
 TOP_PARENTS = 3  # the fastest configs whose neighbours the local search explores
 PARENT_BAND = 1.5  # ... those within this factor of the fastest
@@ -84,16 +86,15 @@ MEASURES = ("executions", "compiles", "seconds")
 
 def tile_weight(config: Any) -> float:
     """What a seconds budget predicts a config's compile time from (on a line fitted in log-log to the compiles seen so
-    far): its tile (the product of its integer meta-parameters of 16 or more) times num_stages times num_warps.
+    far): its tile times num_stages times num_warps (tile_stages_warps).
 
     precompile.compile_weight, the tile per warp times stages, orders compiles better and fits the GEMM space's
     recorded compile times better (rank correlation 0.87 against 0.67 over its 990 configs). The budget stays on this
     one: replayed on that sweep (40 seeds x 3 shapes, 10% of it), its rungs cut by the other explored less (6.16 s of
     7.09 on average against 6.49) and came within 1.03 of the best in 103 of 120 runs against 112 (RESULTS.md section
     51)."""
-    tile = math.prod(v for v in (getattr(config, "kwargs", None) or {}).values()
-                     if isinstance(v, int) and not isinstance(v, bool) and v >= 16)
-    return float(tile * (getattr(config, "num_stages", None) or 1) * (getattr(config, "num_warps", None) or 4))
+    tile, stages, warps = tile_stages_warps(config)
+    return float(tile * stages * warps)
 LAUNCH_PARAMS = ("num_warps", "num_stages", "num_ctas", "maxnreg")  # a config's coordinates beside its meta-parameters
 
 

@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import inspect
 import linecache
+import math
 import multiprocessing
 import os
 import pickle
@@ -661,6 +662,14 @@ def config_str(config: Config) -> str:
              and k not in ("num_warps", "num_stages") and v is not None and not (k == "num_ctas" and v == 1)}
     parts += [f"{k}={v}" for k, v in extra.items()]
     return ", ".join(parts)
+
+
+def tile_stages_warps(config: Any) -> tuple[int, int, int]:
+    """What a config's compile time is guessed from (precompile.compile_weight, budget.tile_weight): its tile, the
+    product of its integer meta-parameters of 16 or more; its num_stages (1 if unset) and num_warps (4 if unset)."""
+    tile = math.prod(v for v in (getattr(config, "kwargs", None) or {}).values()
+                     if isinstance(v, int) and not isinstance(v, bool) and v >= 16)
+    return tile, getattr(config, "num_stages", None) or 1, getattr(config, "num_warps", None) or 4
 
 
 def print_autotuning() -> bool:
